@@ -1,0 +1,121 @@
+"""Start real worker processes the way torchrun does, bounded by a deadline.
+
+``launch("tests.workers.dist_scenarios:collectives", nprocs=2, timeout=60)`` starts
+two Python processes with RANK, LOCAL_RANK, WORLD_SIZE, ... and MASTER_ADDR/PORT set,
+each running the named function with the given string arguments, and returns their
+exit codes and output. A process still running at the deadline is killed with all
+its peers and the test fails with everything they printed: a hang fails, it never
+stalls CI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Worker:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def worker_env(rank: int, nprocs: int, port: int, nnodes: int = 1, extra: dict | None = None) -> dict[str, str]:
+    local_world = nprocs // nnodes
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank % local_world),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_WORLD_SIZE=str(local_world),
+        GROUP_RANK=str(rank // local_world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def launch(
+    target: str,
+    nprocs: int,
+    timeout: float,
+    args: tuple[str, ...] = (),
+    nnodes: int = 1,
+    env: dict[str, str] | None = None,
+) -> list[Worker]:
+    """Run ``module:function`` in ``nprocs`` processes; fail the test if any outlives ``timeout``."""
+    port = free_port()
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.multiproc", target, *map(str, args)],
+            cwd=REPO_ROOT,
+            env=worker_env(rank, nprocs, port, nnodes, env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in range(nprocs)
+    ]
+    return collect(procs, start, timeout, target)
+
+
+def collect(procs: list[subprocess.Popen], start: float, timeout: float, what: str) -> list[Worker]:
+    """Wait for processes until a shared deadline; kill them all and fail past it."""
+    deadline = start + timeout
+    results: list[Worker | None] = [None] * len(procs)
+    timed_out = False
+    for rank, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            break
+        results[rank] = Worker(rank, proc.returncode, out, err, time.monotonic() - start)
+    if timed_out:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        report = []
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate()
+            report.append(f"--- rank {rank} (rc {proc.returncode})\n{out}\n{err}")
+        raise AssertionError(f"{what}: still running after {timeout:.0f} s; killed\n" + "\n".join(report))
+    return results  # type: ignore[return-value]
+
+
+def describe(workers: list[Worker]) -> str:
+    return "\n".join(f"--- rank {w.rank} rc={w.returncode} {w.seconds:.1f}s\n{w.stdout}\n{w.stderr}" for w in workers)
+
+
+def main() -> None:
+    module_name, func_name = sys.argv[1].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    func(*sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Functions that tests run in real worker processes (see tests/multiproc.py).
+
+Each one joins a gloo process group, checks something from the inside, prints
+what the test reads back, and leaves the group. An assertion that fails exits the
+process non-zero, and the test reports its output.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import ddp_utils as du
+
+
+def zero_first_order(directory: str, scope: str = "node", delay: str = "1.0") -> None:
+    info = du.init_distributed(backend="gloo")
+    node_dir = Path(directory) / (f"node{info.node_rank}" if scope == "node" else "job")
+    node_dir.mkdir(parents=True, exist_ok=True)
+    marker = node_dir / "built.txt"
+    section = (
+        du.torch_distributed_zero_first(info.local_rank)
+        if scope == "node"
+        else (du.torch_distributed_rank_zero_first())
+    )
+    leader = info.local_rank == 0 if scope == "node" else info.rank == 0
+    with section:
+        if leader:
+            time.sleep(float(delay))  # the others must still be waiting when this ends
+            marker.write_text(str(info.rank))
+            found = None
+        else:
+            found = marker.read_text() if marker.exists() else None
+    print(json.dumps({"rank": info.rank, "leader": leader, "found": found, "t": time.time()}))
+    du.cleanup()
+
+
+def zero_first_leader_raises(scope: str = "node") -> None:
+    info = du.init_distributed(backend="gloo", timeout=600)
+    section = (
+        du.torch_distributed_zero_first(info.local_rank)
+        if scope == "node"
+        else (du.torch_distributed_rank_zero_first())
+    )
+    with section:
+        if info.rank == 0:
+            time.sleep(0.5)
+            raise ValueError("corrupt download: checksum mismatch")
+    print("unreachable: rank passed a failed section")
+
+
+def long_body(body_seconds: str, timeout_seconds: str) -> None:
+    info = du.init_distributed(backend="gloo", timeout=float(timeout_seconds))
+    with du.torch_distributed_zero_first(info.local_rank):
+        if info.local_rank == 0:
+            time.sleep(float(body_seconds))
+    du.barrier()
+    total = du.reduce_tensor(torch.tensor([1.0]), op="sum")
+    print(json.dumps({"rank": info.rank, "total": total.item()}))
+    du.cleanup()
+
+
+def collectives(init_method: str = "env://") -> None:
+    info = du.init_distributed(backend="gloo", init_method=init_method)
+    rank, world = info.rank, info.world_size
+    assert du.is_dist_initialized() and du.get_world_size() == world
+    assert du.is_main_process() == (rank == 0)
+    local = torch.tensor([float(rank + 1), 10.0 * (rank + 1)])
+    out = {
+        "mean": du.reduce_tensor(local, "mean").tolist(),
+        "sum": du.reduce_tensor(local, "sum").tolist(),
+        "max": du.reduce_tensor(local, "max").tolist(),
+        "min": du.reduce_tensor(local, "min").tolist(),
+        "sum_to_1": du.reduce_tensor(local, "sum", dst=1).tolist(),
+        "int_mean": du.reduce_tensor(torch.tensor([rank * 2]), "mean").tolist(),
+        "dict": {k: float(v) for k, v in du.reduce_dict({"box": rank + 1.0, "obj": 2.0 * rank}).items()},
+        "broadcast": du.broadcast_object({"from": rank, "names": ["a", "b"]}, src=1),
+        "gathered": du.all_gather_object({"rank": rank}),
+        "local_unchanged": local.tolist(),
+    }
+    du.barrier()
+
+    @du.rank_zero_only
+    def only_on_zero() -> str:
+        return "ran"
+
+    out["rank_zero_only"] = only_on_zero()
+    print(json.dumps({"rank": rank, **out}))
+    du.cleanup()
+
+
+def helpers_demo() -> None:
+    """What a detection project does with the helpers, run by torchrun in the tests."""
+    du.set_logging()
+    info = du.init_distributed()
+    device = du.select_device("cpu", batch_size=4)
+    du.init_seeds(du.rank_seed(0, info.rank))
+    with du.torch_distributed_zero_first(info.local_rank):
+        pass
+    t0 = du.time_synchronized()
+    loss = du.reduce_tensor(torch.tensor(float(info.rank)), op="mean")
+    stats = du.reduce_dict({"loss": loss, "n": 1.0}, op="sum")
+    names = du.broadcast_object(["circle", "square"] if du.is_main_process() else None)
+    everyone = du.all_gather_object(info.local_rank)
+    du.barrier()
+    elapsed = du.time_synchronized() - t0
+    print(
+        json.dumps(
+            {
+                "rank": info.rank,
+                "device": str(device),
+                "loss": loss.item(),
+                "n": float(stats["n"]),
+                "names": names,
+                "everyone": everyone,
+                "elapsed_ok": elapsed >= 0,
+            }
+        )
+    )
+    du.cleanup()
+
+
+if __name__ == "__main__":
+    helpers_demo()
