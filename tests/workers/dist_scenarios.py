@@ -8,12 +8,19 @@ process non-zero, and the test reports its output.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 import ddp_utils as du
+
+
+def emit(line: str) -> None:
+    """One write per record: print() writes the newline separately, so ranks sharing a pipe interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def zero_first_order(directory: str, scope: str = "node", delay: str = "1.0") -> None:
@@ -34,7 +41,7 @@ def zero_first_order(directory: str, scope: str = "node", delay: str = "1.0") ->
             found = None
         else:
             found = marker.read_text() if marker.exists() else None
-    print(json.dumps({"rank": info.rank, "leader": leader, "found": found, "t": time.time()}))
+    emit(json.dumps({"rank": info.rank, "leader": leader, "found": found, "t": time.time()}))
     du.cleanup()
 
 
@@ -59,7 +66,7 @@ def long_body(body_seconds: str, timeout_seconds: str) -> None:
             time.sleep(float(body_seconds))
     du.barrier()
     total = du.reduce_tensor(torch.tensor([1.0]), op="sum")
-    print(json.dumps({"rank": info.rank, "total": total.item()}))
+    emit(json.dumps({"rank": info.rank, "total": total.item()}))
     du.cleanup()
 
 
@@ -88,7 +95,7 @@ def collectives(init_method: str = "env://") -> None:
         return "ran"
 
     out["rank_zero_only"] = only_on_zero()
-    print(json.dumps({"rank": rank, **out}))
+    emit(json.dumps({"rank": rank, **out}))
     du.cleanup()
 
 
@@ -107,7 +114,7 @@ def helpers_demo() -> None:
     everyone = du.all_gather_object(info.local_rank)
     du.barrier()
     elapsed = du.time_synchronized() - t0
-    print(
+    emit(
         json.dumps(
             {
                 "rank": info.rank,
