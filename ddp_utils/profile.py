@@ -2,11 +2,12 @@
 
     python -m ddp_utils.profile --cfg yolov5s.yaml --imgsz 640 --batch-size 1 --device cpu
     python -m ddp_utils.profile --torchvision resnet18 --imgsz 224 --device cpu,0
-    torchrun --nproc_per_node 4 -m ddp_utils.profile --cfg yolov5s.yaml --device 0,1,2,3
+    torchrun --nproc_per_node 4 -m ddp_utils.profile --cfg yolov5s.yaml --device 0,1,2,3 --repeats 20
 
 A single process profiles on every device named in ``--device`` (one row each). Under
 torchrun every rank profiles on its own device and rank 0 prints one table with a row per
-rank, so a slow or busy device stands out.
+rank, so a slow or busy device stands out. (Under torchrun spell ``--n`` as ``--repeats``:
+torchrun reads ``--n`` as an ambiguous abbreviation of its own options.)
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--imgsz", type=int, nargs="+", default=[640], help="image size: one int, or height width")
     parser.add_argument("--batch-size", type=int, default=1, help="batch size of the profiled input")
     parser.add_argument("--device", default="", help='"cpu", "0", "0,1" or "cpu,0"; under torchrun, each rank its own')
-    parser.add_argument("--n", type=int, default=10, help="timed repeats (median reported)")
+    # under torchrun, "--n" is an ambiguous prefix of torchrun's own options: use --repeats there
+    parser.add_argument("--repeats", "--n", dest="n", type=int, default=10, help="timed repeats (median reported)")
     parser.add_argument("--verbose", action="store_true", help="also print one line per parameter tensor")
     parser.add_argument("--half", action="store_true", help="profile in float16 (CUDA only)")
     opt = parser.parse_args(argv)
@@ -44,7 +46,7 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if opt.batch_size < 1:
         parser.error(f"--batch-size {opt.batch_size}: must be at least 1")
     if opt.n < 1:
-        parser.error(f"--n {opt.n}: time at least one run")
+        parser.error(f"--repeats/--n {opt.n}: time at least one run")
     opt.imgsz = opt.imgsz[0] if len(opt.imgsz) == 1 else tuple(opt.imgsz)
     return opt
 

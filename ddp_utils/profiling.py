@@ -178,12 +178,11 @@ def _as_args(inputs: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tenso
 
 def _thop_count(work: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[float, set[type]]:
     """thop's MACs and the module types it has rules for; ImportError when thop is not there."""
-    import importlib
+    import thop  # optional, as in YOLOv5: imported only when a count is asked for
+    from thop.profile import register_hooks
 
-    thop = importlib.import_module("thop")
-    rules = set(importlib.import_module("thop.profile").register_hooks)
     macs, _ = thop.profile(work, inputs=args, verbose=False)
-    return float(macs), rules
+    return float(macs), set(register_hooks)
 
 
 class _OpRecorder(TorchDispatchMode):
