@@ -216,20 +216,28 @@ def _torch_count(work: nn.Module | Callable, args: tuple[torch.Tensor, ...]) -> 
 
 
 def _thop_uncounted(work: nn.Module, rules: set[type], module_flops: dict | None) -> list[str]:
-    """Modules thop skipped although they own parameters or do counted work of their own."""
+    """Modules thop skipped although they own parameters or do counted work of their own.
+
+    A module's own work is what FlopCounterMode booked to it beyond what its submodules
+    account for. A container whose forward was never called (a ModuleList, or a Sequential
+    a model iterates itself) has no entry, so its children stand in for it.
+    """
     root = type(work).__name__
+    children = {name: [f"{name}.{c}" if name else c for c, _ in m.named_children()] for name, m in work.named_modules()}
 
     def total(name: str) -> int:
         if module_flops is None:
             return 0
         return sum(module_flops.get(f"{root}.{name}" if name else root, {}).values())
 
+    def accounted(name: str) -> int:
+        return total(name) or sum(accounted(c) for c in children[name])
+
     uncounted = []
     for name, module in work.named_modules():
         if type(module) in rules and not isinstance(module, (nn.Sequential, nn.ModuleList)):
             continue
-        children = [f"{name}.{c}" if name else c for c, _ in module.named_children()]
-        own_flops = total(name) - sum(total(c) for c in children)
+        own_flops = total(name) - sum(accounted(c) for c in children[name])
         own_params = any(True for _ in module.parameters(recurse=False))
         if own_flops > 0 or own_params:
             uncounted.append(f"{name or '(model)'} ({type(module).__name__})")

@@ -78,6 +78,24 @@ def test_module_thop_cannot_count_is_named():
     assert "2 (MatmulBlock)" in report.text()
 
 
+class Looped(nn.Module):
+    """Runs its layers from a ModuleList itself, as a yaml-built detector does: the list's forward never runs."""
+
+    def __init__(self, last: nn.Module) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1), nn.Flatten(), last])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_containers_whose_forward_never_ran_are_not_named():
+    assert flops(Looped(nn.Identity()), imgsz=2).thop_uncounted == []
+    assert flops(Looped(MatmulBlock(16)), imgsz=2).thop_uncounted == ["layers.3 (MatmulBlock)"]
+
+
 def test_op_flopcountermode_cannot_count_is_named(caplog):
     with caplog.at_level(logging.WARNING, logger="ddp_utils"):
         report = flops(nn.Bilinear(4, 4, 2), inputs=(torch.randn(3, 4), torch.randn(3, 4)))
