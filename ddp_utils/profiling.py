@@ -22,7 +22,7 @@ from typing import Any, Callable, Union
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode  # the base FlopCounterMode itself is built on
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import available_devices, time_synchronized
