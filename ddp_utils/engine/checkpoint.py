@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import enum
 import errno
+import glob
 import os
 import pickle
 import re
@@ -189,6 +190,23 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def _remove_stale_temps(path: Path) -> None:
+    # A process killed mid-save (SIGKILL, OOM, node loss) leaves its temp file behind; its pid,
+    # in the name, tells whether the writer is gone. Several GB of those would fill the disk.
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        match = re.match(rf"\.{re.escape(path.name)}\.(\d+)\.", tmp.name)
+        if not match or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                LOGGER.info(f"removed {tmp}, left by a save that was killed")
+        except OSError:  # the pid exists under another user: not ours to touch
+            pass
+
+
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:
     """Write ``obj`` with ``torch.save`` so that ``path`` is either the old file or the whole new one.
 
@@ -202,7 +220,8 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_stale_temps(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)

@@ -72,6 +72,11 @@ class ModelEMA:
             if name not in current:
                 raise KeyError(f"ModelEMA.update: the model has no entry {name!r}; was its architecture changed?")
             source = current[name].detach()
+            if source.shape != value.shape:
+                raise ValueError(
+                    f"ModelEMA.update: {name!r} has shape {tuple(source.shape)} in the model but "
+                    f"{tuple(value.shape)} in the EMA; was its architecture changed?"
+                )
             if value.is_floating_point():
                 value.mul_(d).add_(source.to(value.device, value.dtype), alpha=1.0 - d)
             else:
