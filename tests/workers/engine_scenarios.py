@@ -82,7 +82,8 @@ def ddp_engine(directory: str) -> None:
     wrote = save_checkpoint(ckpt, Path(directory) / "last.pt")
     du.barrier()
     loaded = load_checkpoint(Path(directory) / "last.pt")
-    ema_sum = float(sum(v.double().sum() for v in ema.ema.state_dict().values() if v.is_floating_point()))
+    # parameters, not BatchNorm running stats: those see each rank's own batches after DDP's buffer broadcast
+    ema_sum = float(sum(p.double().sum() for p in ema.ema.parameters()))
     # rank 0 stops, rank 1 does not: the broadcast makes both follow rank 0
     stopper = EarlyStopping(patience=1)
     stopper(0, 1.0)
