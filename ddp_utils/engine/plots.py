@@ -127,7 +127,7 @@ def plot_labels(
 
     stride = max(len(boxes) // 50_000, 1)  # scatter plots of millions of points are slow and no clearer
     for ax, (i, j), (xl, yl) in zip((axes[1][0], axes[1][1]), ((1, 2), (3, 4)), (("x", "y"), ("width", "height"))):
-        ax.scatter(boxes[::stride, i], boxes[::stride, j], s=2, alpha=0.3, color="tab:blue", linewidths=0)
+        ax.scatter(boxes[::stride, i], boxes[::stride, j], s=4, alpha=0.5, color="tab:blue", linewidths=0)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_xlabel(xl)
@@ -188,7 +188,7 @@ def plot_images(
     scale = min(1.0, max_size / (grid * max(h, w)))
     th, tw = math.ceil(h * scale), math.ceil(w * scale)
     mosaic = np.full((grid * th, grid * tw, 3), 255, np.uint8)
-    thickness = max(1, round(0.002 * (th + tw)))
+    thickness = max(2, round(0.003 * (th + tw) / 2))
     font = max(0.35, 0.0012 * (th + tw) / 2)
     for i in range(bs):
         x0, y0 = (i % grid) * tw, (i // grid) * th
@@ -209,7 +209,7 @@ def plot_images(
             p1 = (int(x0 + xc - bw / 2), int(y0 + yc - bh / 2))
             p2 = (int(x0 + xc + bw / 2), int(y0 + yc + bh / 2))
             color = class_color(cls)
-            cv2.rectangle(mosaic, p1, p2, color, thickness, cv2.LINE_AA)
+            cv2.rectangle(mosaic, p1, p2, color, thickness)
             text = str(names.get(cls, cls)) if names else str(cls)
             if len(row) > 6:
                 text += f" {row[6]:.2f}"
