@@ -7,8 +7,10 @@ import math
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from ..dist import is_dist_initialized
 from .modules import de_parallel
 
 
@@ -81,6 +83,19 @@ class ModelEMA:
                 value.mul_(d).add_(source.to(value.device, value.dtype), alpha=1.0 - d)
             else:
                 value.copy_(source)
+
+    @torch.no_grad()
+    def sync(self, src: int = 0) -> None:
+        """Make every rank's EMA equal to rank ``src``'s (a collective; a no-op without a process group).
+
+        DDP keeps the parameters equal on every rank, but BatchNorm running statistics are
+        updated from each rank's own batches, so the EMAs drift apart slightly. Call this
+        before a distributed evaluation so every rank evaluates the weights rank 0 saves.
+        """
+        if not is_dist_initialized():
+            return
+        for value in self.ema.state_dict().values():
+            dist.broadcast(value, src=src)
 
     def update_attr(
         self, model: nn.Module, include: Iterable[str] = (), exclude: Iterable[str] = ("process_group", "reducer")

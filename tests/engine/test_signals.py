@@ -76,6 +76,7 @@ def test_ddp_ranks_stop_together_and_only_rank0_saves(tmp_path):
     # the EMA looked through DDP: plain keys, identical on both ranks, and what was saved
     assert rank0["ema_keys"] == rank0["loaded_keys"] == ["0.bias", "0.weight", "1.bias"]
     assert rank0["ema_sum"] == rank1["ema_sum"]
+    assert rank0["synced_sum"] == rank1["synced_sum"]  # running stats too, after ema.sync()
     assert rank0["ema_updates"] == rank1["ema_updates"] == 4
     # rank 0's early-stop decision reached rank 1
     assert rank0["stop"] is True and rank1["stop"] is True

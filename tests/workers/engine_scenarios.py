@@ -84,6 +84,8 @@ def ddp_engine(directory: str) -> None:
     loaded = load_checkpoint(Path(directory) / "last.pt")
     # parameters, not BatchNorm running stats: those see each rank's own batches after DDP's buffer broadcast
     ema_sum = float(sum(p.double().sum() for p in ema.ema.parameters()))
+    ema.sync()
+    synced_sum = float(sum(v.double().sum() for v in ema.ema.state_dict().values() if v.is_floating_point()))
     # rank 0 stops, rank 1 does not: the broadcast makes both follow rank 0
     stopper = EarlyStopping(patience=1)
     stopper(0, 1.0)
@@ -99,6 +101,7 @@ def ddp_engine(directory: str) -> None:
                 "loaded_keys": sorted(loaded["model"])[:3],
                 "ema_updates": loaded["ema_updates"],
                 "ema_sum": ema_sum,
+                "synced_sum": synced_sum,
                 "stop": stop,
             }
         )
