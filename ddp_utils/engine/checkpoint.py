@@ -219,21 +219,23 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
             the cause and whether a previous file is intact there. ``errno`` is the cause's.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    tmp_name: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
+        if tmp_name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
         if not isinstance(exc, Exception):  # KeyboardInterrupt etc.: clean up, then let it through
             raise
-        kept = f"the previous {path} is intact" if path.exists() else f"no file was written at {path}"
+        kept = f"the previous {path} is intact" if path.is_file() else f"no file was written at {path}"
         code = getattr(exc, "errno", None) or errno.EIO
         reason = os.strerror(exc.errno) if getattr(exc, "errno", None) else f"{type(exc).__name__}: {exc}"
         raise CheckpointWriteError(code, f"could not save checkpoint {path}: {reason}; {kept}") from exc

@@ -135,6 +135,14 @@ def tensorboard_writer(log_dir: str | Path) -> Any | None:
     return SummaryWriter(str(log_dir))
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _format(value: float) -> str:
     return f"{value:.6g}"
 
@@ -186,10 +194,11 @@ class ResultsLogger:
                 f"{self.csv} has columns {rows[0]}, not results.csv's {list(RESULTS_COLUMNS)}: "
                 "move it away or pick another run directory"
             )
-        try:
-            kept = [row for row in rows[1:] if int(float(row[0])) < start_epoch]
-        except (ValueError, IndexError):
-            raise ValueError(f"{self.csv}: a row has no epoch number in its first column") from None
+        # a run killed mid-append can leave a short last row: drop it with the epochs to redo
+        complete = [row for row in rows[1:] if len(row) == len(RESULTS_COLUMNS) and _is_number(row[0])]
+        if len(complete) < len(rows) - 1:
+            LOGGER.warning(f"{self.csv}: dropped {len(rows) - 1 - len(complete)} incomplete row(s)")
+        kept = [row for row in complete if int(float(row[0])) < start_epoch]
         if len(kept) == len(rows) - 1:
             return
         buffer = io.StringIO()

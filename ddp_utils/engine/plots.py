@@ -65,7 +65,11 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
         rows = [[cell.strip() for cell in row] for row in csv.reader(f) if row]
     if len(rows) < 2:
         raise ValueError(f"{csv_path} has no epochs to plot")
-    header, data = rows[0], np.array(rows[1:], dtype=np.float64)
+    header = rows[0]
+    complete = [row for row in rows[1:] if len(row) == len(header)]  # skip a half-written last row
+    if not complete:
+        raise ValueError(f"{csv_path} has no complete epochs to plot")
+    data = np.array(complete, dtype=np.float64)
     column = {name: i for i, name in enumerate(header)}
     if "epoch" not in column:
         raise ValueError(f"{csv_path} has no 'epoch' column: {header}")

@@ -225,3 +225,9 @@ def test_target_survives_sigkill_during_saves(tmp_path):
     # the next save clears what killed writers left behind
     save_checkpoint({"epoch": 0}, target)
     assert temp_files(tmp_path) == [], f"{mid_write_kills} kills landed mid-write"
+
+
+def test_unwritable_target_is_named(tmp_path):
+    (tmp_path / "weights").write_text("a file where the directory should be")
+    with pytest.raises(CheckpointWriteError, match=r"weights/last.pt.*no file was written"):
+        save_checkpoint({"epoch": 0}, tmp_path / "weights" / "last.pt")

@@ -140,3 +140,27 @@ def test_tensorboard_events_when_installed(tmp_path):
     logger.close()
     events = list(tmp_path.glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def test_a_half_written_last_row_is_dropped_on_resume(tmp_path):
+    logger = ResultsLogger(tmp_path, tensorboard=False)
+    for epoch in range(3):
+        logger.log(epoch, values(epoch))
+    with open(tmp_path / "results.csv", "a") as f:
+        f.write("3,0.25,0.5")  # killed mid-append: no newline, most columns missing
+    resumed = ResultsLogger(tmp_path, start_epoch=3, tensorboard=False)
+    resumed.log(3, values(3))
+    rows = read_rows(tmp_path / "results.csv")
+    assert [r[0] for r in rows] == ["epoch", "0", "1", "2", "3"]
+    assert all(len(r) == len(RESULTS_COLUMNS) for r in rows)
+
+
+def test_incomplete_rows_are_dropped_even_before_the_resumed_epoch(tmp_path, caplog):
+    logger = ResultsLogger(tmp_path, tensorboard=False)
+    logger.log(0, values(0))
+    with open(tmp_path / "results.csv", "a") as f:
+        f.write("1,0.25\n")
+    with caplog.at_level(logging.WARNING, logger="ddp_utils"):
+        ResultsLogger(tmp_path, start_epoch=10, tensorboard=False)
+    assert [r[0] for r in read_rows(tmp_path / "results.csv")] == ["epoch", "0"]
+    assert any("incomplete row" in r.getMessage() for r in caplog.records)
