@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_sigterm_sets_the_flag_and_the_process_exits_cleanly():
         stderr=subprocess.PIPE,
         text=True,
     )
-    (worker,) = collect([proc], __import__("time").monotonic(), 45, "sigterm_loop")
+    (worker,) = collect([proc], time.monotonic(), 45, "sigterm_loop")
     assert worker.returncode == 0, describe([worker])
     record = last_json(worker.stdout)
     assert record == {"stopped_at": 5, "received": int(signal.SIGTERM), "restored": True}
