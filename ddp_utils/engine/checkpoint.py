@@ -1,0 +1,383 @@
+"""Training checkpoints: plain data, written atomically by rank 0, loaded without unpickling code.
+
+A checkpoint is a dict of plain values, so ``torch.load(..., weights_only=True)`` reads it
+and a file from the internet cannot run code on load. :func:`build_checkpoint` makes one:
+
+    ============== =============================================================
+    key            value
+    ============== =============================================================
+    model          EMA (or model) ``state_dict()``: fp32 tensors, fp16 after
+                   :func:`strip_optimizer`
+    model_cfg      the model yaml as a dict (rebuild with ``Model(ckpt["model_cfg"])``)
+    optimizer      ``optimizer.state_dict()``, or None after :func:`strip_optimizer`
+    scaler         ``GradScaler.state_dict()`` or None
+    ema_updates    ``ModelEMA.updates`` (int)
+    epoch          the last finished epoch (int); -1 once stripped (not resumable)
+    best_fitness   best fitness so far (float)
+    opt            the run's options as a dict of plain values (Paths become str)
+    hyp            the hyperparameter dict
+    date           ISO 8601 time of saving (UTC)
+    version        the ddp_utils version that wrote it
+    ============== =============================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import errno
+import glob
+import os
+import pickle
+import re
+import tempfile
+import warnings
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path, PurePath
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..dist import is_main_process
+from ..log import LOGGER
+from .modules import de_parallel
+
+CHECKPOINT_KEYS = (
+    "model",
+    "model_cfg",
+    "optimizer",
+    "scaler",
+    "ema_updates",
+    "epoch",
+    "best_fitness",
+    "opt",
+    "hyp",
+    "date",
+    "version",
+)
+_PLAIN_SCALARS = (str, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file cannot be read as a checkpoint (missing, truncated, not a torch file)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint holds pickled Python objects, which ``weights_only`` loading refuses to run."""
+
+
+class CheckpointWriteError(OSError):
+    """Saving a checkpoint failed; the previous file at the target, if any, is untouched."""
+
+
+def to_plain(value: Any) -> Any:
+    """Convert options and hyperparameters to types a ``weights_only`` load accepts.
+
+    Paths become str, Namespaces and Mappings become dicts, tuples and sets lists stay
+    containers, numpy scalars become Python numbers and enums their value.
+
+    Examples:
+        >>> from pathlib import Path
+        >>> to_plain({"save_dir": Path("runs/exp"), "imgsz": (640, 640)})
+        {'save_dir': 'runs/exp', 'imgsz': [640, 640]}
+    """
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {to_plain(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return to_plain(value.value)
+    if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", None) == 0:
+        return value.item()  # numpy scalars (not tensors: those are plain already)
+    return value
+
+
+def check_plain(obj: Any, where: str = "ckpt") -> None:
+    """Raise TypeError naming the first entry of ``obj`` that a ``weights_only`` load would refuse.
+
+    Examples:
+        >>> check_plain({"epoch": 3, "opt": {"name": "exp"}})
+        >>> from pathlib import Path
+        >>> check_plain({"opt": {"save_dir": Path("runs")}})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: ckpt['opt']['save_dir'] is a ...Path, which torch.load(weights_only=True) refuses: ...
+    """
+    if isinstance(obj, (torch.Tensor, _PLAIN_SCALARS)):
+        return
+    if isinstance(obj, dict):  # dict and OrderedDict
+        for key, value in obj.items():
+            check_plain(key, f"{where} key")
+            check_plain(value, f"{where}[{key!r}]")
+        return
+    if isinstance(obj, (list, tuple, set)) and type(obj) in (list, tuple, set):
+        for i, value in enumerate(obj):
+            check_plain(value, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"{where} is a {type(obj).__name__}, which torch.load(weights_only=True) refuses: "
+        "convert it (to_plain) before saving"
+    )
+
+
+def build_checkpoint(
+    model: nn.Module,
+    *,
+    model_cfg: Mapping[str, Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: Any | None = None,
+    ema_updates: int = 0,
+    epoch: int = -1,
+    best_fitness: float = 0.0,
+    opt: Any = None,
+    hyp: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble a checkpoint dict of plain values (see the module docstring for the keys).
+
+    Args:
+        model: the model to store, usually ``ema.ema``; wrappers are looked through.
+        model_cfg: the model's yaml dict; defaults to ``model.yaml`` when the model has one.
+        optimizer: its ``state_dict()`` is stored.
+        scaler: a GradScaler (its ``state_dict()`` is stored) or None.
+        ema_updates: ``ModelEMA.updates``.
+        epoch: the epoch just finished.
+        best_fitness: best fitness so far.
+        opt: the run's options (argparse Namespace or dict); converted with :func:`to_plain`.
+        hyp: hyperparameters; converted with :func:`to_plain`.
+
+    Returns:
+        The checkpoint dict.
+
+    Examples:
+        >>> ckpt = build_checkpoint(torch.nn.Linear(2, 1), epoch=4, opt={"epochs": 10})
+        >>> sorted(ckpt) == sorted(CHECKPOINT_KEYS), ckpt["epoch"], list(ckpt["model"])
+        (True, 4, ['weight', 'bias'])
+    """
+    from .. import __version__  # lazy: the package imports engine
+
+    model = de_parallel(model)
+    if model_cfg is None:
+        model_cfg = getattr(model, "yaml", None)
+    return {
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "model_cfg": to_plain(model_cfg),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "ema_updates": int(ema_updates),
+        "epoch": int(epoch),
+        "best_fitness": float(best_fitness),
+        "opt": to_plain(opt) if opt is not None else {},
+        "hyp": to_plain(hyp) if hyp is not None else {},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "version": __version__,
+    }
+
+
+def _fsync_dir(directory: Path) -> None:
+    # makes the rename itself durable; not every platform/file system lets a directory be opened
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove_stale_temps(path: Path) -> None:
+    # A process killed mid-save (SIGKILL, OOM, node loss) leaves its temp file behind; its pid,
+    # in the name, tells whether the writer is gone. Several GB of those would fill the disk.
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        match = re.match(rf"\.{re.escape(path.name)}\.(\d+)\.", tmp.name)
+        if not match or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                LOGGER.info(f"removed {tmp}, left by a save that was killed")
+        except OSError:  # the pid exists under another user: not ours to touch
+            pass
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """Write ``obj`` with ``torch.save`` so that ``path`` is either the old file or the whole new one.
+
+    The data goes to a temp file in the same directory, is flushed and fsynced, then
+    renamed over ``path`` (``os.replace`` is atomic on POSIX and Windows) and the
+    directory is fsynced. Any failure removes the temp file and leaves ``path`` as it was.
+
+    Raises:
+        CheckpointWriteError: the write failed (e.g. ENOSPC); the message names the target,
+            the cause and whether a previous file is intact there. ``errno`` is the cause's.
+    """
+    path = Path(path)
+    tmp_name: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException as exc:
+        if tmp_name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+        if not isinstance(exc, Exception):  # KeyboardInterrupt etc.: clean up, then let it through
+            raise
+        kept = f"the previous {path} is intact" if path.is_file() else f"no file was written at {path}"
+        code = getattr(exc, "errno", None) or errno.EIO
+        reason = os.strerror(exc.errno) if getattr(exc, "errno", None) else f"{type(exc).__name__}: {exc}"
+        raise CheckpointWriteError(code, f"could not save checkpoint {path}: {reason}; {kept}") from exc
+    _fsync_dir(path.parent)
+    return path
+
+
+def save_checkpoint(ckpt: Mapping[str, Any], path: str | Path) -> bool:
+    """Save a checkpoint atomically on the main process; other ranks do nothing.
+
+    Args:
+        ckpt: a dict of plain values (:func:`build_checkpoint`); checked with :func:`check_plain`
+            first so a checkpoint that could not be loaded safely is never written.
+        path: the target file (``weights/last.pt``); its directory is created.
+
+    Returns:
+        True when this process wrote the file, False on other ranks.
+
+    Raises:
+        TypeError: an entry is not a plain type (the message names it).
+        CheckpointWriteError: the write failed; the previous file is intact.
+    """
+    if not is_main_process():
+        return False
+    check_plain(dict(ckpt))
+    atomic_torch_save(dict(ckpt), path)
+    return True
+
+
+def _unsupported_global(message: str) -> str:
+    match = re.search(r"Unsupported global: GLOBAL ([\w.]+)", message)
+    if match:
+        return f" (first refused object: {match.group(1)})"
+    return ""
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool = False) -> dict[str, Any]:
+    """Load a checkpoint with ``torch.load(weights_only=True)``.
+
+    Args:
+        path: the checkpoint file.
+        map_location: where tensors go (default CPU; move the model afterwards).
+        trusted: when the file holds pickled Python objects (a whole ``nn.Module``, a
+            YOLOv5/Ultralytics ``.pt``), load it anyway with ``weights_only=False``. Only
+            for files you made or trust: unpickling can run arbitrary code.
+
+    Returns:
+        The checkpoint dict.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        UnsafeCheckpointError: the file needs unpickling and ``trusted`` is False.
+        CheckpointError: the file is empty, truncated or not a torch checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if not trusted:
+            raise UnsafeCheckpointError(
+                f"checkpoint {path} contains arbitrary Python objects{_unsupported_global(str(exc))}, "
+                "not only tensors and plain values, so it was not loaded: unpickling it could run code. "
+                "If you trust where it came from, load it with load_checkpoint(path, trusted=True)."
+            ) from None
+        unsafe = exc
+    except (RuntimeError, EOFError) as exc:
+        raise CheckpointError(f"checkpoint {path} is empty, truncated or not a torch checkpoint: {exc}") from exc
+    warnings.warn(
+        f"loading {path} with weights_only=False because trusted=True: it holds pickled Python objects"
+        f"{_unsupported_global(str(unsafe))}",
+        stacklevel=2,
+    )
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False)
+    except ModuleNotFoundError as exc:
+        raise CheckpointError(
+            f"checkpoint {path} pickles objects from module {exc.name!r}, which is not importable here "
+            "(a YOLOv5/Ultralytics .pt needs their code on sys.path)"
+        ) from exc
+
+
+def strip_optimizer(path: str | Path, out: str | Path | None = None, half: bool = True) -> Path | None:
+    """Make a final, smaller checkpoint: drop the optimizer and scaler, store fp16 weights.
+
+    The result has ``epoch = -1`` (not resumable) and is written atomically, on the main
+    process only (others return None).
+
+    Args:
+        path: a checkpoint written by :func:`save_checkpoint`.
+        out: where to write; ``path`` itself when None.
+        half: convert floating-point weights to fp16.
+
+    Returns:
+        The written path, or None on other ranks.
+    """
+    if not is_main_process():
+        return None
+    ckpt = load_checkpoint(path)
+    if not isinstance(ckpt.get("model"), Mapping):
+        raise CheckpointError(f"checkpoint {path} has no 'model' state_dict to strip")
+    if half:
+        ckpt["model"] = {k: v.half() if v.is_floating_point() else v for k, v in ckpt["model"].items()}
+    ckpt.update(optimizer=None, scaler=None, epoch=-1)
+    target = Path(out) if out is not None else Path(path)
+    atomic_torch_save(ckpt, target)
+    LOGGER.info(f"optimizer stripped from {path}, saved as {target} ({target.stat().st_size / 1e6:.1f} MB)")
+    return target
+
+
+def restore_training(
+    ckpt: Mapping[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    ema: Any | None = None,
+    scaler: Any | None = None,
+) -> tuple[int, float]:
+    """Put a resumed run back where the checkpoint left it.
+
+    Loads the weights into ``model`` (and into ``ema.ema``, restoring ``ema.updates``),
+    the optimizer and the scaler state when given and present.
+
+    Returns:
+        ``(start_epoch, best_fitness)``: the epoch to start from (checkpoint epoch + 1).
+
+    Raises:
+        CheckpointError: the checkpoint was stripped (epoch -1) or has no optimizer state
+            while an optimizer was given.
+    """
+    epoch = int(ckpt.get("epoch", -1))
+    if optimizer is not None and (epoch < 0 or ckpt.get("optimizer") is None):
+        raise CheckpointError(
+            "this checkpoint cannot resume training: it was stripped (no optimizer state, epoch -1); "
+            "start a new run with it as pretrained weights instead"
+        )
+    de_parallel(model).load_state_dict(ckpt["model"])
+    if ema is not None:
+        ema.ema.load_state_dict(ckpt["model"])
+        ema.updates = int(ckpt.get("ema_updates", 0))
+    if optimizer is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    if scaler is not None and ckpt.get("scaler") is not None:
+        scaler.load_state_dict(ckpt["scaler"])
+    return epoch + 1, float(ckpt.get("best_fitness", 0.0))

@@ -1,0 +1,237 @@
+"""Where a run writes: its numbered directory, its options, results.csv and TensorBoard events.
+
+Everything here writes on the main process only. :class:`ResultsLogger` can be built on
+every rank: elsewhere it is disabled and its methods do nothing. :func:`increment_path`
+must be called on rank 0 alone and its answer broadcast (``ddp_utils.broadcast_object``),
+or two ranks could pick different directories.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..dist import is_main_process
+from ..log import LOGGER
+from .checkpoint import to_plain
+
+RESULTS_COLUMNS = (
+    "epoch",
+    "train/box_loss",
+    "train/obj_loss",
+    "train/cls_loss",
+    "metrics/precision",
+    "metrics/recall",
+    "metrics/mAP_0.5",
+    "metrics/mAP_0.5:0.95",
+    "val/box_loss",
+    "val/obj_loss",
+    "val/cls_loss",
+    "x/lr0",
+    "x/lr1",
+    "x/lr2",
+)
+
+
+def increment_path(path: str | Path, exist_ok: bool = False, sep: str = "", mkdir: bool = False) -> Path:
+    """Return ``path``, or the first free ``path2``, ``path3``, ... when it exists.
+
+    Args:
+        path: e.g. ``runs/train/exp``; a file path keeps its suffix (``exp.txt`` -> ``exp2.txt``).
+        exist_ok: return ``path`` unchanged even when it exists (resume into the same directory).
+        sep: between the name and the number (``"_"`` gives ``exp_2``).
+        mkdir: create the directory. The creation claims the name atomically, so two jobs
+            started at once never share one.
+
+    Examples:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> [increment_path(root / "exp", mkdir=True).name for _ in range(3)]
+        ['exp', 'exp2', 'exp3']
+    """
+    path = Path(path)
+    if exist_ok:
+        if mkdir:
+            path.mkdir(parents=True, exist_ok=True)
+        return path
+    stem, suffix = (path.with_suffix(""), path.suffix) if path.is_file() else (path, "")
+    candidate, n = path, 2
+    while True:
+        if mkdir:
+            try:
+                candidate.parent.mkdir(parents=True, exist_ok=True)
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                pass
+        elif not candidate.exists():
+            return candidate
+        candidate = Path(f"{stem}{sep}{n}{suffix}")
+        n += 1
+
+
+def yaml_save(path: str | Path, data: Mapping[str, Any] | Any) -> Path:
+    """Write ``data`` (a dict or argparse Namespace) as YAML of plain values (Paths become str).
+
+    Examples:
+        >>> import tempfile
+        >>> p = yaml_save(Path(tempfile.mkdtemp()) / "opt.yaml", {"save_dir": Path("runs/exp"), "epochs": 3})
+        >>> p.read_text()
+        'save_dir: runs/exp\\nepochs: 3\\n'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(to_plain(data), f, sort_keys=False, allow_unicode=True)
+    return path
+
+
+def results_values(
+    train_loss: Sequence[float], metrics: Mapping[str, float], val_loss: Sequence[float], lrs: Sequence[float]
+) -> dict[str, float]:
+    """Name one epoch's numbers with results.csv's columns (all but "epoch").
+
+    Args:
+        train_loss: mean training (box, obj, cls) loss (a tensor[3] works).
+        metrics: ``evaluate``'s dict with "precision", "recall", "map50", "map".
+        val_loss: validation (box, obj, cls) loss.
+        lrs: the learning rate of each parameter group (``[g["lr"] for g in optimizer.param_groups]``).
+
+    Examples:
+        >>> v = results_values([1, 2, 3], {"precision": 0.5, "recall": 0.4, "map50": 0.3, "map": 0.2}, [4, 5, 6],
+        ...                    [0.01, 0.01, 0.01])
+        >>> v["metrics/mAP_0.5"], v["val/cls_loss"], v["x/lr2"]
+        (0.3, 6.0, 0.01)
+    """
+    numbers = [
+        *(float(x) for x in train_loss),
+        *(float(metrics[k]) for k in ("precision", "recall", "map50", "map")),
+        *(float(x) for x in val_loss),
+        *(float(x) for x in lrs),
+    ]
+    if len(numbers) != len(RESULTS_COLUMNS) - 1:
+        raise ValueError(
+            f"results_values: got {len(numbers)} numbers for {len(RESULTS_COLUMNS) - 1} columns "
+            "(expected 3 train losses, 4 metrics, 3 val losses and 3 learning rates)"
+        )
+    return dict(zip(RESULTS_COLUMNS[1:], numbers))
+
+
+def tensorboard_writer(log_dir: str | Path) -> Any | None:
+    """A ``SummaryWriter`` writing to ``log_dir``, or None (and one info line) when tensorboard is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        LOGGER.info("TensorBoard: not installed, so no event files (pip install tensorboard to get them)")
+        return None
+    LOGGER.info(f"TensorBoard: tensorboard --logdir {Path(log_dir).parent}, view at http://localhost:6006/")
+    return SummaryWriter(str(log_dir))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _format(value: float) -> str:
+    return f"{value:.6g}"
+
+
+class ResultsLogger:
+    """Append one row per epoch to ``save_dir/results.csv`` (and TensorBoard when installed).
+
+    On resume, pass the first epoch to run: rows from that epoch on (written before the
+    run stopped, and about to be redone) are dropped, earlier rows and the header kept.
+
+    Build it on every rank: only the main process writes; elsewhere ``enabled`` is False
+    and the methods return at once.
+
+    Args:
+        save_dir: the run directory.
+        start_epoch: the epoch the run starts (or resumes) at.
+        tensorboard: also write TensorBoard scalars when the package is importable.
+
+    Examples:
+        >>> import tempfile
+        >>> run = Path(tempfile.mkdtemp())
+        >>> logger = ResultsLogger(run, tensorboard=False)
+        >>> logger.log(0, dict.fromkeys(RESULTS_COLUMNS[1:], 0.5))
+        >>> (run / "results.csv").read_text().splitlines()[1].split(",")[:3]
+        ['0', '0.5', '0.5']
+    """
+
+    def __init__(self, save_dir: str | Path, start_epoch: int = 0, tensorboard: bool = True) -> None:
+        self.save_dir = Path(save_dir)
+        self.csv = self.save_dir / "results.csv"
+        self.enabled = is_main_process()
+        self.tb = None
+        if not self.enabled:
+            return
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        self._truncate(start_epoch)
+        if tensorboard:
+            self.tb = tensorboard_writer(self.save_dir)
+
+    def _truncate(self, start_epoch: int) -> None:
+        if not self.csv.exists():
+            return
+        with open(self.csv, newline="", encoding="utf-8") as f:
+            rows = [[cell.strip() for cell in row] for row in csv.reader(f) if row]
+        if not rows:
+            return
+        if tuple(rows[0]) != RESULTS_COLUMNS:
+            raise ValueError(
+                f"{self.csv} has columns {rows[0]}, not results.csv's {list(RESULTS_COLUMNS)}: "
+                "move it away or pick another run directory"
+            )
+        # a run killed mid-append can leave a short last row: drop it with the epochs to redo
+        complete = [row for row in rows[1:] if len(row) == len(RESULTS_COLUMNS) and _is_number(row[0])]
+        if len(complete) < len(rows) - 1:
+            LOGGER.warning(f"{self.csv}: dropped {len(rows) - 1 - len(complete)} incomplete row(s)")
+        kept = [row for row in complete if int(float(row[0])) < start_epoch]
+        if len(kept) == len(rows) - 1:
+            return
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows([rows[0], *kept])
+        fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".csv.tmp", dir=self.save_dir)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(buffer.getvalue())
+        os.replace(tmp, self.csv)
+        LOGGER.info(f"{self.csv}: kept {len(kept)} epochs before {start_epoch}, dropped {len(rows) - 1 - len(kept)}")
+
+    def log(self, epoch: int, values: Mapping[str, float]) -> None:
+        """Write epoch ``epoch``'s row; ``values`` has every column but "epoch" (see :func:`results_values`).
+
+        Keys beyond the columns go to TensorBoard only.
+        """
+        if not self.enabled:
+            return
+        missing = [k for k in RESULTS_COLUMNS[1:] if k not in values]
+        if missing:
+            raise KeyError(f"ResultsLogger.log: values lack the columns {missing}")
+        new_file = not self.csv.exists() or self.csv.stat().st_size == 0
+        with open(self.csv, "a", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            if new_file:
+                writer.writerow(RESULTS_COLUMNS)
+            writer.writerow([str(int(epoch)), *(_format(float(values[k])) for k in RESULTS_COLUMNS[1:])])
+        if self.tb is not None:
+            for key, value in values.items():
+                self.tb.add_scalar(key, float(value), epoch)
+            self.tb.flush()
+
+    def close(self) -> None:
+        """Close the TensorBoard writer, if any."""
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None

@@ -1,0 +1,233 @@
+"""Checkpoints: plain contents, weights_only loading, atomic writes that survive failures and kills."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_utils.engine import (
+    CHECKPOINT_KEYS,
+    CheckpointError,
+    CheckpointWriteError,
+    ModelEMA,
+    UnsafeCheckpointError,
+    build_checkpoint,
+    load_checkpoint,
+    restore_training,
+    save_checkpoint,
+    smart_optimizer,
+    strip_optimizer,
+)
+
+from ..multiproc import REPO_ROOT, worker_env
+
+
+def trained_state():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    model.yaml = {"nc": 2, "backbone": [[-1, 1, "Conv", [4, 3]]]}
+    optimizer = smart_optimizer(model, "SGD", lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", enabled=True)
+    ema = ModelEMA(model, tau=2)
+    for _ in range(3):
+        loss = model(torch.randn(2, 3, 8, 8)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ema.update(model)
+    return model, optimizer, scaler, ema
+
+
+def a_checkpoint(epoch: int = 7):
+    model, optimizer, scaler, ema = trained_state()
+    opt = argparse.Namespace(save_dir=Path("runs/train/exp"), imgsz=(64, 64), epochs=10)
+    ckpt = build_checkpoint(
+        ema.ema,
+        optimizer=optimizer,
+        scaler=scaler,
+        ema_updates=ema.updates,
+        epoch=epoch,
+        best_fitness=0.25,
+        opt=opt,
+        hyp={"lr0": 0.01},
+    )
+    return ckpt, (model, optimizer, scaler, ema)
+
+
+def temp_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_round_trip_with_weights_only(tmp_path):
+    ckpt, (_, optimizer, _, ema) = a_checkpoint()
+    assert set(ckpt) == set(CHECKPOINT_KEYS)
+    assert save_checkpoint(ckpt, tmp_path / "weights" / "last.pt") is True
+    loaded = torch.load(tmp_path / "weights" / "last.pt", weights_only=True)  # the bare torch call works too
+    loaded = load_checkpoint(tmp_path / "weights" / "last.pt")
+    assert loaded["opt"] == {"save_dir": "runs/train/exp", "imgsz": [64, 64], "epochs": 10}
+    assert loaded["model_cfg"]["nc"] == 2 and loaded["epoch"] == 7 and loaded["ema_updates"] == 3
+    for k, v in ema.ema.state_dict().items():
+        torch.testing.assert_close(loaded["model"][k], v)
+    assert loaded["optimizer"]["param_groups"][1]["name"] == "weight"
+    assert loaded["scaler"]["scale"] == ckpt["scaler"]["scale"]
+    assert temp_files(tmp_path / "weights") == []
+
+
+def test_restore_training_resumes_state(tmp_path):
+    ckpt, (_, optimizer, _, ema) = a_checkpoint(epoch=4)
+    save_checkpoint(ckpt, tmp_path / "last.pt")
+    model2, optimizer2, scaler2, ema2 = trained_state()
+    with torch.no_grad():
+        for p in model2.parameters():
+            p.zero_()
+    start, best = restore_training(load_checkpoint(tmp_path / "last.pt"), model2, optimizer2, ema2, scaler2)
+    assert (start, best) == (5, 0.25)
+    assert ema2.updates == ema.updates
+    torch.testing.assert_close(model2.state_dict()["0.weight"], ema.ema.state_dict()["0.weight"])
+    momentum = optimizer.state_dict()["state"][0]["momentum_buffer"]
+    torch.testing.assert_close(optimizer2.state_dict()["state"][0]["momentum_buffer"], momentum)
+
+
+def test_save_refuses_entries_that_need_pickle(tmp_path):
+    with pytest.raises(TypeError, match=r"ckpt\['opt'\]\['save_dir'\] is a \w*Path"):
+        save_checkpoint({"opt": {"save_dir": Path("x")}}, tmp_path / "a.pt")
+    assert not (tmp_path / "a.pt").exists()
+
+
+def test_pickled_module_is_refused_clearly_and_loads_when_trusted(tmp_path):
+    path = tmp_path / "yolov5s.pt"
+    torch.save({"model": nn.Linear(2, 2), "epoch": -1}, path)
+    with pytest.raises(UnsafeCheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert str(path) in message and "arbitrary Python objects" in message and "trusted=True" in message
+    assert "torch.nn.modules.linear.Linear" in message
+    with pytest.warns(UserWarning, match="weights_only=False"):
+        loaded = load_checkpoint(path, trusted=True)
+    assert isinstance(loaded["model"], nn.Linear)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all"])
+def test_broken_files_name_the_file(tmp_path, content):
+    path = tmp_path / "broken.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match="broken.pt"):
+        load_checkpoint(path)
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_failed_save_keeps_the_previous_file(tmp_path, monkeypatch):
+    target = tmp_path / "last.pt"
+    save_checkpoint({"epoch": 1, "model": {"w": torch.ones(10)}}, target)
+    before = target.read_bytes()
+    real_save = torch.save
+
+    def disk_fills_up(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04partial zip")  # some bytes reach the temp file, then the disk is full
+        f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_fills_up)
+    with pytest.raises(CheckpointWriteError) as info:
+        save_checkpoint({"epoch": 2, "model": {"w": torch.zeros(10)}}, target)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert info.value.errno == errno.ENOSPC and isinstance(info.value, OSError)
+    message = str(info.value)
+    assert str(target) in message and "No space left" in message and "intact" in message
+    assert target.read_bytes() == before
+    assert load_checkpoint(target)["epoch"] == 1
+    assert temp_files(tmp_path) == []
+
+
+def test_failed_first_save_says_nothing_was_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(CheckpointWriteError, match="no file was written"):
+        save_checkpoint({"epoch": 0}, tmp_path / "best.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_non_main_rank_writes_nothing(tmp_path, monkeypatch):
+    # no process group: is_main_process() falls back to the launcher's RANK
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert save_checkpoint({"epoch": 0}, tmp_path / "last.pt") is False
+    assert strip_optimizer(tmp_path / "last.pt") is None
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert save_checkpoint({"epoch": 0}, tmp_path / "last.pt") is True
+
+
+def test_strip_optimizer_halves_and_drops_state(tmp_path):
+    ckpt, (_, optimizer, _, ema) = a_checkpoint()
+    save_checkpoint(ckpt, tmp_path / "best.pt")
+    size = (tmp_path / "best.pt").stat().st_size
+    assert strip_optimizer(tmp_path / "best.pt") == tmp_path / "best.pt"
+    stripped = load_checkpoint(tmp_path / "best.pt")
+    assert stripped["optimizer"] is None and stripped["scaler"] is None and stripped["epoch"] == -1
+    assert stripped["model"]["0.weight"].dtype == torch.float16
+    assert stripped["model"]["1.num_batches_tracked"].dtype == torch.int64
+    assert (tmp_path / "best.pt").stat().st_size < size
+    _, optimizer2, _, _ = trained_state()
+    with pytest.raises(CheckpointError, match="cannot resume"):
+        restore_training(stripped, ema.ema, optimizer2)
+    fresh = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    restore_training(stripped, fresh)  # pretrained weights: fp16 is cast back on load
+    assert fresh[0].weight.dtype == torch.float32
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_target_survives_sigkill_during_saves(tmp_path):
+    target = tmp_path / "last.pt"
+    rng = random.Random(1234)
+    env = worker_env(0, 1, 0)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name)  # a single process: it is the main process
+    tags_seen, mid_write_kills = [], 0
+    for attempt in range(5):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.multiproc", "tests.workers.engine_scenarios:save_loop", str(target), "16"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            first = proc.stdout.readline()  # one complete save of this process
+            assert first.strip().isdigit(), proc.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(rng.uniform(0.0, 0.6))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+        mid_write_kills += bool(temp_files(tmp_path))
+        ckpt = load_checkpoint(target)  # always the whole of some save
+        w = ckpt["model"]["w"]
+        assert w.numel() == 16 * 2**20 // 4
+        assert torch.all(w == float(ckpt["epoch"])) and ckpt["opt"]["tag"] == ckpt["epoch"]
+        tags_seen.append(ckpt["epoch"])
+        print(f"kill {attempt}: target holds save {ckpt['epoch']}, temp file left: {bool(temp_files(tmp_path))}")
+    # the next save clears what killed writers left behind
+    save_checkpoint({"epoch": 0}, target)
+    assert temp_files(tmp_path) == [], f"{mid_write_kills} kills landed mid-write"
+
+
+def test_unwritable_target_is_named(tmp_path):
+    (tmp_path / "weights").write_text("a file where the directory should be")
+    with pytest.raises(CheckpointWriteError, match=r"weights/last.pt.*no file was written"):
+        save_checkpoint({"epoch": 0}, tmp_path / "weights" / "last.pt")

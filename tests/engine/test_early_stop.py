@@ -1,0 +1,56 @@
+"""EarlyStopping: when it stops, that it says why once, and patience 0 / None."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ddp_utils.engine import EarlyStopping, should_stop_everywhere
+
+
+def run(stopper, fitnesses):
+    return [stopper(epoch, fitness) for epoch, fitness in enumerate(fitnesses)]
+
+
+def test_stops_after_patience_epochs_without_improvement():
+    stopper = EarlyStopping(patience=3)
+    decisions = run(stopper, [0.1, 0.2, 0.5, 0.4, 0.45, 0.49, 0.3])
+    assert decisions == [False, False, False, False, False, True, True]
+    assert (stopper.best_epoch, stopper.best_fitness) == (2, 0.5)
+
+
+def test_improvement_resets_the_count_and_ties_count_as_improvement():
+    stopper = EarlyStopping(patience=2)
+    assert run(stopper, [0.5, 0.4, 0.5, 0.4, 0.6, 0.1]) == [False] * 6
+    assert stopper.best_epoch == 4
+
+
+@pytest.mark.parametrize("patience", [0, None])
+def test_zero_or_none_never_stops(patience):
+    assert not any(run(EarlyStopping(patience), [1.0] + [0.0] * 200))
+
+
+def test_none_fitness_changes_nothing():
+    stopper = EarlyStopping(patience=2)
+    assert run(stopper, [None, 0.3, None, None]) == [False, False, False, True]
+    assert stopper.best_epoch == 1
+
+
+def test_logs_the_reason_once(caplog):
+    stopper = EarlyStopping(patience=1)
+    with caplog.at_level(logging.INFO, logger="ddp_utils"):
+        run(stopper, [0.9, 0.1, 0.1, 0.1])
+    lines = [r.getMessage() for r in caplog.records if "Stopping early" in r.getMessage()]
+    assert len(lines) == 1
+    assert "1 epochs" in lines[0] and "epoch 0" in lines[0] and "0.9" in lines[0]
+
+
+def test_negative_patience_is_refused():
+    with pytest.raises(ValueError, match="patience=-1"):
+        EarlyStopping(-1)
+
+
+def test_should_stop_everywhere_single_process():
+    assert should_stop_everywhere(True) is True
+    assert should_stop_everywhere(False) is False

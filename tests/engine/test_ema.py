@@ -1,0 +1,102 @@
+"""ModelEMA: the ramped decay, following the model, wrappers, attributes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_utils.engine import ModelEMA, de_parallel, is_parallel
+
+
+def model_with_bn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+
+
+def test_ema_copy_is_fp32_eval_and_frozen():
+    model = model_with_bn().half()
+    ema = ModelEMA(model)
+    assert not ema.ema.training
+    assert all(p.dtype == torch.float32 and not p.requires_grad for p in ema.ema.parameters())
+    assert ema.ema is not model
+
+
+def test_decay_ramps_from_zero_to_decay():
+    ema = ModelEMA(nn.Linear(1, 1), decay=0.9999, tau=2000)
+    assert ema.decay(0) == 0.0
+    assert ema.decay(2000) == pytest.approx(0.9999 * (1 - math.exp(-1)))
+    assert ema.decay(100_000) == pytest.approx(0.9999, rel=1e-9)
+    assert all(ema.decay(n) < ema.decay(n + 1) for n in range(0, 5000, 500))
+
+
+def test_ema_follows_a_model_that_settles():
+    model = model_with_bn()
+    ema = ModelEMA(model, decay=0.99, tau=20)
+    target = {k: torch.randn_like(v) for k, v in model.state_dict().items() if v.is_floating_point()}
+    with torch.no_grad():
+        for _ in range(2000):
+            for k, v in model.state_dict().items():
+                if k in target:
+                    v.copy_(target[k])
+            ema.update(model)
+    for k, v in ema.ema.state_dict().items():
+        if k in target:
+            torch.testing.assert_close(v, target[k], atol=1e-5, rtol=1e-5)
+    assert ema.updates == 2000
+
+
+def test_first_update_copies_the_model_and_later_ones_average():
+    model = nn.Linear(3, 1)
+    ema = ModelEMA(model, decay=0.5, tau=1e-9)  # ramp over at once: decay 0.5 from the first update
+    before = ema.ema.weight.clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.ema.weight, 0.5 * before + 0.5 * model.weight)
+
+
+def test_integer_buffers_are_copied_not_averaged():
+    model = model_with_bn()
+    ema = ModelEMA(model, tau=1)
+    model.train()
+    for _ in range(3):
+        model(torch.randn(2, 3, 6, 6))
+    ema.update(model)
+    assert int(ema.ema[1].num_batches_tracked) == 3
+
+
+def test_ema_of_a_wrapped_model_has_plain_keys():
+    inner = model_with_bn()
+    wrapped = nn.DataParallel(inner)  # on CPU it just holds the module, which is what de_parallel looks through
+    assert is_parallel(wrapped) and not is_parallel(inner)
+    assert de_parallel(wrapped) is inner
+    ema = ModelEMA(wrapped)
+    assert set(ema.ema.state_dict()) == set(inner.state_dict())
+    ema.update(wrapped)
+    assert not any(k.startswith("module.") for k in ema.ema.state_dict())
+
+
+def test_update_attr_include_and_exclude():
+    model = model_with_bn()
+    model.names, model.nc, model.hyp = ["a", "b"], 2, {"lr0": 0.01}
+    ema = ModelEMA(model)
+    model.names, model.nc = ["x", "y"], 5
+    ema.update_attr(model, include=("names",))
+    assert ema.ema.names == ["x", "y"] and ema.ema.nc == 2
+    ema.update_attr(model, exclude=("nc",))
+    assert ema.ema.nc == 2
+    ema.update_attr(model)
+    assert ema.ema.nc == 5 and not ema.ema.training
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="decay=1.5"):
+        ModelEMA(nn.Linear(1, 1), decay=1.5)
+    ema = ModelEMA(nn.Linear(2, 1))
+    with pytest.raises(KeyError, match="'weight'"):
+        ema.update(nn.Sequential(nn.Linear(2, 1)))
+    with pytest.raises(ValueError, match=r"'weight' has shape \(1, 3\)"):
+        ema.update(nn.Linear(3, 1))

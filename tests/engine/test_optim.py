@@ -1,0 +1,145 @@
+"""smart_optimizer's groups, the LR lambdas, warm-up and accumulation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_utils.engine import (
+    Warmup,
+    accumulate_steps,
+    cosine_lr,
+    linear_lr,
+    lr_lambda,
+    param_groups,
+    scaled_weight_decay,
+    smart_optimizer,
+)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Conv2d(8, 4, 1)
+        self.ln = nn.LayerNorm(4)
+        self.frozen = nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+
+
+def ids(params):
+    return {id(p) for p in params}
+
+
+def test_parameters_land_in_the_right_group():
+    net = Net()
+    groups = param_groups(net)
+    assert ids(groups["weight"]) == ids([net.conv.weight, net.head.weight])
+    assert ids(groups["norm"]) == ids([net.bn.weight, net.ln.weight])
+    assert ids(groups["bias"]) == ids([net.bn.bias, net.head.bias, net.ln.bias])
+    all_trainable = [p for p in net.parameters() if p.requires_grad]
+    assert sum(map(len, groups.values())) == len(all_trainable)  # each exactly once, frozen ones left out
+
+
+@pytest.mark.parametrize(
+    "name,cls", [("SGD", torch.optim.SGD), ("adam", torch.optim.Adam), ("AdamW", torch.optim.AdamW)]
+)
+def test_optimizer_groups_and_decay(name, cls):
+    net = Net()
+    opt = smart_optimizer(nn.DataParallel(net), name, lr=0.02, momentum=0.9, decay=5e-4)
+    assert type(opt) is cls
+    assert [g["name"] for g in opt.param_groups] == ["bias", "weight", "norm"]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 5e-4, 0.0]
+    assert all(g["lr"] == 0.02 for g in opt.param_groups)
+    if cls is torch.optim.SGD:
+        assert all(g["nesterov"] and g["momentum"] == 0.9 for g in opt.param_groups)
+    else:
+        assert all(g["betas"] == (0.9, 0.999) for g in opt.param_groups)
+
+
+def test_unknown_optimizer_lists_the_choices():
+    with pytest.raises(ValueError, match="'RMSprop' is not supported: choose one of SGD, Adam, AdamW"):
+        smart_optimizer(Net(), "RMSprop")
+
+
+@pytest.mark.parametrize("schedule", [linear_lr, cosine_lr])
+def test_lr_lambdas_start_at_one_and_end_at_lrf(schedule):
+    lf = schedule(lrf=0.1, epochs=30)
+    assert lf(0) == pytest.approx(1.0)
+    assert lf(30) == pytest.approx(0.1)
+    values = [lf(e) for e in range(31)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_cosine_is_the_half_cosine_and_linear_is_linear():
+    assert cosine_lr(0.0, 10)(5) == pytest.approx(0.5)
+    assert cosine_lr(0.0, 10)(2.5) == pytest.approx((1 + math.cos(math.pi / 4)) / 2)
+    assert linear_lr(0.0, 10)(2.5) == pytest.approx(0.75)
+    assert isinstance(lr_lambda(0.01, 10, cos_lr=False), linear_lr)
+
+
+def test_lambdalr_state_dict_is_plain_and_restores():
+    opt = smart_optimizer(Net(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=cosine_lr(0.01, 10))
+    state = scheduler.state_dict()
+    assert state["lr_lambdas"][0] == {"lrf": 0.01, "epochs": 10}
+
+
+def test_accumulation_and_decay_scaling():
+    assert [accumulate_steps(b) for b in (1, 8, 16, 48, 64, 100, 512)] == [64, 8, 4, 1, 1, 1, 1]
+    # the decay is per 64 images of accumulated gradient
+    assert scaled_weight_decay(5e-4, 16, accumulate_steps(16)) == pytest.approx(5e-4)
+    assert scaled_weight_decay(5e-4, 256, accumulate_steps(256)) == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="total_batch_size=0"):
+        accumulate_steps(0)
+
+
+def make_warmup(nb=50, epochs=10, warmup_epochs=3.0, name="SGD"):
+    opt = smart_optimizer(Net(), name, lr=0.01, momentum=0.937)
+    lf = linear_lr(0.01, epochs)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=lf)
+    warmup = Warmup(opt, lf, nb, warmup_epochs=warmup_epochs, warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.937)
+    return opt, scheduler, warmup
+
+
+def test_warmup_iterations():
+    assert make_warmup(nb=50, warmup_epochs=3)[2].iters == 150
+    assert make_warmup(nb=10, warmup_epochs=3)[2].iters == 100  # at least 100
+    assert make_warmup(nb=10, warmup_epochs=0)[2].iters == 0
+
+
+def test_warmup_values_at_start_middle_and_end():
+    opt, _, warmup = make_warmup(nb=50)
+    assert warmup.step(0, epoch=0)
+    lrs = [g["lr"] for g in opt.param_groups]
+    assert lrs == [0.1, 0.0, 0.0]
+    assert all(g["momentum"] == 0.8 for g in opt.param_groups)
+    warmup.step(75, epoch=1)
+    end = 0.01 * linear_lr(0.01, 10)(1)
+    assert opt.param_groups[0]["lr"] == pytest.approx((0.1 + end) / 2)
+    assert opt.param_groups[1]["lr"] == pytest.approx(end / 2)
+    assert opt.param_groups[2]["momentum"] == pytest.approx((0.8 + 0.937) / 2)
+    warmup.step(150, epoch=2)
+    end = 0.01 * linear_lr(0.01, 10)(2)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([end] * 3)
+    assert all(g["momentum"] == pytest.approx(0.937) for g in opt.param_groups)
+    before = [dict(g) for g in opt.param_groups]
+    assert not warmup.step(151, epoch=3)
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in before]
+
+
+def test_warmup_sets_adam_beta1():
+    opt, _, warmup = make_warmup(name="Adam")
+    warmup.step(0, epoch=0)
+    assert all(g["betas"] == (0.8, 0.999) for g in opt.param_groups)
+
+
+def test_warmup_accumulate_ramps_to_target():
+    _, _, warmup = make_warmup(nb=50)
+    values = [warmup.accumulate(ni, 4) for ni in range(0, 200, 10)]
+    assert values[0] == 1 and values[-1] == 4
+    assert all(a <= b for a, b in zip(values, values[1:]))

@@ -1,0 +1,83 @@
+"""PreemptionHandler: SIGTERM becomes a flag, every rank stops at the same step, handlers come back."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddp_utils.engine import PreemptionHandler
+
+from ..multiproc import REPO_ROOT, collect, describe, launch, worker_env
+
+
+def last_json(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def single_process_env() -> dict[str, str]:
+    env = worker_env(0, 1, 0)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name)
+    return env
+
+
+def test_handler_is_installed_and_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with PreemptionHandler(signals=(signal.SIGTERM, signal.SIGINT)) as preempt:
+        assert signal.getsignal(signal.SIGTERM) == preempt._handle
+        assert signal.getsignal(signal.SIGINT) == preempt._handle
+        assert not preempt.requested() and not preempt.requested_anywhere()
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigint_sets_the_flag_then_a_second_one_interrupts():
+    with PreemptionHandler(signals=(signal.SIGINT,)) as preempt:
+        signal.raise_signal(signal.SIGINT)
+        assert preempt.requested() and preempt.received == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # the second one gets Python's own Ctrl-C behaviour
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_sigterm_sets_the_flag_and_the_process_exits_cleanly():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.multiproc", "tests.workers.engine_scenarios:sigterm_loop", "50", "5"],
+        cwd=REPO_ROOT,
+        env=single_process_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    (worker,) = collect([proc], time.monotonic(), 45, "sigterm_loop")
+    assert worker.returncode == 0, describe([worker])
+    record = last_json(worker.stdout)
+    assert record == {"stopped_at": 5, "received": int(signal.SIGTERM), "restored": True}
+    assert "received SIGTERM" in worker.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_ddp_ranks_stop_together_and_only_rank0_saves(tmp_path):
+    workers = launch("tests.workers.engine_scenarios:ddp_engine", nprocs=2, timeout=100, args=(str(tmp_path),))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    rank0, rank1 = (last_json(w.stdout) for w in workers)
+    # rank 1 alone got SIGTERM at step 3; both ranks left the loop at that step
+    assert rank1["received"] == int(signal.SIGTERM) and rank0["received"] is None
+    assert rank0["stopped_at"] == rank1["stopped_at"] == 3
+    assert (rank0["wrote"], rank1["wrote"]) == (True, False)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    # the EMA looked through DDP: plain keys, identical on both ranks, and what was saved
+    assert rank0["ema_keys"] == rank0["loaded_keys"] == ["0.bias", "0.weight", "1.bias"]
+    assert rank0["ema_sum"] == rank1["ema_sum"]
+    assert rank0["synced_sum"] == rank1["synced_sum"]  # running stats too, after ema.sync()
+    assert rank0["ema_updates"] == rank1["ema_updates"] == 4
+    # rank 0's early-stop decision reached rank 1
+    assert rank0["stop"] is True and rank1["stop"] is True

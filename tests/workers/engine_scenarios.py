@@ -1,0 +1,109 @@
+"""Functions that tests/engine runs in real worker processes (see tests/multiproc.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import ddp_utils as du
+from ddp_utils.engine import (
+    EarlyStopping,
+    ModelEMA,
+    PreemptionHandler,
+    build_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    should_stop_everywhere,
+    smart_optimizer,
+)
+
+
+def small_model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+
+
+def save_loop(target: str, megabytes: str = "16") -> None:
+    """Save ever-new checkpoints to ``target`` until killed; each holds one tag everywhere."""
+    torch.set_num_threads(1)
+    numel = int(float(megabytes) * 2**20 / 4)
+    tag = 0
+    while True:
+        tag += 1
+        ckpt = {"model": {"w": torch.full((numel,), float(tag))}, "epoch": tag, "opt": {"tag": tag}}
+        save_checkpoint(ckpt, target)
+        print(tag, flush=True)
+
+
+def sigterm_loop(steps: str = "50", signal_at: str = "5") -> None:
+    """Send this process SIGTERM mid-loop; the loop must notice, stop and exit 0."""
+    stopped_at = None
+    with PreemptionHandler() as preempt:
+        for step in range(int(steps)):
+            if step == int(signal_at):
+                os.kill(os.getpid(), signal.SIGTERM)
+            if preempt.requested_anywhere():
+                stopped_at = step
+                break
+    restored = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    print(json.dumps({"stopped_at": stopped_at, "received": preempt.received, "restored": restored}))
+    sys.exit(0)
+
+
+def ddp_engine(directory: str) -> None:
+    """DDP-wrapped training steps with EMA; rank 0 saves; rank 1 gets SIGTERM; all stop together."""
+    torch.set_num_threads(1)
+    info = du.init_distributed(backend="gloo", timeout=60)
+    torch.manual_seed(0)  # same initial weights on every rank, as DDP expects
+    model = nn.parallel.DistributedDataParallel(small_model())
+    ema = ModelEMA(model, tau=2)
+    optimizer = smart_optimizer(model, "SGD", lr=0.01)
+    g = torch.Generator().manual_seed(100 + info.rank)
+    stopped_at = None
+    with PreemptionHandler() as preempt:
+        for step in range(20):
+            x = torch.randn(4, 3, 8, 8, generator=g)
+            loss = model(x).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            ema.update(model)
+            if info.rank == 1 and step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            if preempt.requested_anywhere():
+                stopped_at = step
+                break
+    ckpt = build_checkpoint(ema.ema, optimizer=optimizer, ema_updates=ema.updates, epoch=stopped_at or 0)
+    wrote = save_checkpoint(ckpt, Path(directory) / "last.pt")
+    du.barrier()
+    loaded = load_checkpoint(Path(directory) / "last.pt")
+    # parameters, not BatchNorm running stats: those see each rank's own batches after DDP's buffer broadcast
+    ema_sum = float(sum(p.double().sum() for p in ema.ema.parameters()))
+    ema.sync()
+    synced_sum = float(sum(v.double().sum() for v in ema.ema.state_dict().values() if v.is_floating_point()))
+    # rank 0 stops, rank 1 does not: the broadcast makes both follow rank 0
+    stopper = EarlyStopping(patience=1)
+    stopper(0, 1.0)
+    stop = should_stop_everywhere(stopper(5, 0.0) if info.rank == 0 else False)
+    print(
+        json.dumps(
+            {
+                "rank": info.rank,
+                "stopped_at": stopped_at,
+                "received": preempt.received,
+                "wrote": wrote,
+                "ema_keys": sorted(ema.ema.state_dict())[:3],
+                "loaded_keys": sorted(loaded["model"])[:3],
+                "ema_updates": loaded["ema_updates"],
+                "ema_sum": ema_sum,
+                "synced_sum": synced_sum,
+                "stop": stop,
+            }
+        )
+    )
+    du.cleanup()
