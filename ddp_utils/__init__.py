@@ -22,6 +22,7 @@ from .dist import (
     torch_distributed_zero_first,
 )
 from .log import LOGGER, set_logging
+from .profiling import FlopsReport, flops, format_table, model_info
 from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, seed_worker, worker_seed
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "LOGGER",
     "DistEnvError",
     "DistInfo",
+    "FlopsReport",
     "RankFailedError",
     "__version__",
     "all_gather_object",
@@ -37,6 +39,8 @@ __all__ = [
     "broadcast_object",
     "cleanup",
     "dist_info",
+    "flops",
+    "format_table",
     "get_rank",
     "get_world_size",
     "init_distributed",
@@ -45,6 +49,7 @@ __all__ = [
     "is_dist_initialized",
     "is_main_process",
     "loader_generator",
+    "model_info",
     "rank_seed",
     "rank_zero_only",
     "reduce_dict",
