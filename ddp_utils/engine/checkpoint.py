@@ -8,6 +8,8 @@ and a file from the internet cannot run code on load. :func:`build_checkpoint` m
     ============== =============================================================
     model          EMA (or model) ``state_dict()``: fp32 tensors, fp16 after
                    :func:`strip_optimizer`
+    train_model    optional: the raw training weights beside the EMA's, so a resumed
+                   run continues exactly; dropped by :func:`strip_optimizer`
     model_cfg      the model yaml as a dict (rebuild with ``Model(ckpt["model_cfg"])``)
     optimizer      ``optimizer.state_dict()``, or None after :func:`strip_optimizer`
     scaler         ``GradScaler.state_dict()`` or None
@@ -341,6 +343,7 @@ def strip_optimizer(path: str | Path, out: str | Path | None = None, half: bool 
     if half:
         ckpt["model"] = {k: v.half() if v.is_floating_point() else v for k, v in ckpt["model"].items()}
     ckpt.update(optimizer=None, scaler=None, epoch=-1)
+    ckpt.pop("train_model", None)
     target = Path(out) if out is not None else Path(path)
     atomic_torch_save(ckpt, target)
     LOGGER.info(f"optimizer stripped from {path}, saved as {target} ({target.stat().st_size / 1e6:.1f} MB)")
@@ -356,8 +359,9 @@ def restore_training(
 ) -> tuple[int, float]:
     """Put a resumed run back where the checkpoint left it.
 
-    Loads the weights into ``model`` (and into ``ema.ema``, restoring ``ema.updates``),
-    the optimizer and the scaler state when given and present.
+    Loads the weights into ``model`` (the raw ``train_model`` weights when the checkpoint
+    has them, else the EMA's) and into ``ema.ema`` (restoring ``ema.updates``), the
+    optimizer and the scaler state when given and present.
 
     Returns:
         ``(start_epoch, best_fitness)``: the epoch to start from (checkpoint epoch + 1).
@@ -372,7 +376,7 @@ def restore_training(
             "this checkpoint cannot resume training: it was stripped (no optimizer state, epoch -1); "
             "start a new run with it as pretrained weights instead"
         )
-    de_parallel(model).load_state_dict(ckpt["model"])
+    de_parallel(model).load_state_dict(ckpt.get("train_model") or ckpt["model"])
     if ema is not None:
         ema.ema.load_state_dict(ckpt["model"])
         ema.updates = int(ckpt.get("ema_updates", 0))

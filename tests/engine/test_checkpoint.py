@@ -231,3 +231,21 @@ def test_unwritable_target_is_named(tmp_path):
     (tmp_path / "weights").write_text("a file where the directory should be")
     with pytest.raises(CheckpointWriteError, match=r"weights/last.pt.*no file was written"):
         save_checkpoint({"epoch": 0}, tmp_path / "weights" / "last.pt")
+
+
+def test_train_model_weights_resume_exactly_and_are_stripped(tmp_path):
+    torch.manual_seed(0)
+    raw, averaged = nn.Linear(3, 2), nn.Linear(3, 2)
+    ckpt = build_checkpoint(averaged, optimizer=torch.optim.SGD(raw.parameters(), lr=0.1), epoch=2)
+    ckpt["train_model"] = raw.state_dict()
+    path = tmp_path / "last.pt"
+    save_checkpoint(ckpt, path)
+
+    model, ema = nn.Linear(3, 2), ModelEMA(nn.Linear(3, 2))
+    start, _ = restore_training(load_checkpoint(path), model, torch.optim.SGD(model.parameters(), lr=0.1), ema)
+    assert start == 3
+    assert torch.equal(model.weight, raw.weight)  # training continues from the raw weights
+    assert torch.equal(ema.ema.weight, averaged.weight)  # the EMA from its own
+
+    strip_optimizer(path)
+    assert "train_model" not in load_checkpoint(path)
