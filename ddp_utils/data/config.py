@@ -317,6 +317,9 @@ def _fetch(url: str, target: Path, sha256: str | None) -> None:
                 f.write(chunk)
                 digest.update(chunk)
                 bar.update(len(chunk))
+    received = target.stat().st_size
+    if total is not None and received != total:  # http.client does not raise when the server hangs up early
+        raise DataConfigError(f"download {url}: incomplete, got {received} of {total} bytes (connection closed)")
     if sha256 is not None and digest.hexdigest() != sha256.lower():
         raise DataConfigError(f"download {url}: sha256 mismatch (expected {sha256.lower()}, got {digest.hexdigest()})")
 
