@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -173,29 +174,97 @@ def label_cache_path(im_files: Sequence[str]) -> Path:
 # --- verification of one image and its label -----------------------------------------------------
 
 
-def _jpeg_complete(path: str) -> bool:
-    with open(path, "rb") as f:
-        f.seek(-2, os.SEEK_END)
-        return f.read(2) == b"\xff\xd9"
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers: they carry the size
+_JPEG_STANDALONE = frozenset([0x01, *range(0xD0, 0xD8)])  # markers without a length field
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_TRAILER = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # an empty IEND chunk and its CRC
+
+
+def _exif_orientation(app1: bytes) -> int:
+    """The orientation tag of an APP1 Exif segment (1 when absent or unreadable)."""
+    if not app1.startswith(b"Exif\x00\x00") or len(app1) < 16:
+        return 1
+    tiff = app1[6:]
+    order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    if order is None:
+        return 1
+    ifd = int.from_bytes(tiff[4:8], order)
+    if ifd + 2 > len(tiff):
+        return 1
+    for i in range(int.from_bytes(tiff[ifd : ifd + 2], order)):
+        entry = tiff[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
+        if len(entry) < 12:
+            break
+        if int.from_bytes(entry[:2], order) == _ORIENTATION_TAG:
+            return int.from_bytes(entry[8:10], order)
+    return 1
+
+
+def _jpeg_header(f: io.BufferedReader) -> tuple[int, int, int] | None:
+    """(width, height, orientation) from the markers before the image data; None when they do not parse."""
+    f.seek(2)
+    orientation = 1
+    while True:
+        marker = f.read(2)
+        if len(marker) < 2 or marker[0] != 0xFF:
+            return None
+        code = marker[1]
+        if code == 0xFF:  # fill byte
+            f.seek(-1, os.SEEK_CUR)
+            continue
+        if code in _JPEG_STANDALONE:
+            continue
+        if code in (0xD9, 0xDA):  # end of image or start of scan before any frame header
+            return None
+        length = int.from_bytes(f.read(2), "big")
+        if length < 2:
+            return None
+        if code in _JPEG_SOF:
+            frame = f.read(5)
+            if len(frame) < 5:
+                return None
+            return int.from_bytes(frame[3:5], "big"), int.from_bytes(frame[1:3], "big"), orientation
+        if code == 0xE1 and orientation == 1:
+            orientation = _exif_orientation(f.read(length - 2))
+        else:
+            f.seek(length - 2, os.SEEK_CUR)
+
+
+def _fast_image_size(im_file: str) -> tuple[int, int, int] | None:
+    """Size and orientation of a complete JPEG or PNG from its header and last bytes, without decoding.
+
+    A cut-off file lacks the JPEG end-of-image marker (or PNG's IEND trailer) at its end.
+    None sends the file to the full decode: other formats, and files whose end holds other
+    bytes (a complete image followed by junk is still a good image).
+    """
+    with open(im_file, "rb") as f:
+        head = f.read(24)
+        if head[:2] == b"\xff\xd8":
+            f.seek(-2, os.SEEK_END)
+            if f.read(2) != b"\xff\xd9":
+                return None
+            return _jpeg_header(f)
+        if head[:8] == _PNG_SIGNATURE and head[12:16] == b"IHDR":
+            f.seek(-12, os.SEEK_END)
+            if f.read(12) != _PNG_TRAILER:
+                return None
+            return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big"), 1
+    return None
 
 
 def _image_size(im_file: str) -> tuple[int, int]:
     """(width, height) as decoded, after checking that the file is a complete image."""
-    with Image.open(im_file) as im:
-        fmt = (im.format or "").lower()
-        if fmt not in _PIL_FORMATS:
-            raise ValueError(f"unsupported image format {im.format}")
-        width, height = im.size
-        orientation = im.getexif().get(_ORIENTATION_TAG, 1) if fmt in ("jpeg", "mpo", "tiff", "webp") else 1
-        if fmt in ("jpeg", "mpo"):
-            # Only a cut-off file lacks the end marker; bytes after it are harmless, so a
-            # file without it at the very end gets the full decode to decide.
-            if not _jpeg_complete(im_file):
-                im.load()
-        elif fmt == "png":
-            im.verify()  # walks every chunk and checks its CRC, without decompressing
-        else:
-            im.load()
+    fast = _fast_image_size(im_file)
+    if fast is not None:
+        width, height, orientation = fast
+    else:
+        with Image.open(im_file) as im:
+            fmt = (im.format or "").lower()
+            if fmt not in _PIL_FORMATS:
+                raise ValueError(f"unsupported image format {im.format}")
+            width, height = im.size
+            orientation = im.getexif().get(_ORIENTATION_TAG, 1) if fmt != "png" else 1
+            im.load()  # PIL raises on a truncated file; OpenCV would only warn
     if orientation in _TRANSPOSED_ORIENTATIONS:
         width, height = height, width
     return width, height
@@ -212,6 +281,37 @@ def _parse_label(lb_file: str) -> tuple[np.ndarray, list[np.ndarray], str]:
     rows = [row for row in rows if row]
     if not rows:
         return np.zeros((0, 5), np.float32), [], "empty"
+    boxes = _plain_boxes(rows)
+    if boxes is not None:
+        return boxes, [], "found"
+    return _parse_rows(rows)
+
+
+def _plain_boxes(rows: list[list[str]]) -> np.ndarray | None:
+    """The common case, all rows valid 5-column boxes, checked in a few passes; None sends the file
+    to :func:`_parse_rows`, which finds the line at fault or reads polygons."""
+    if any(len(row) != 5 for row in rows):
+        return None
+    try:
+        values = [float(v) for row in rows for v in row]
+    except ValueError:
+        return None
+    if not all(map(math.isfinite, values)):
+        return None
+    if not all(c >= 0 and c.is_integer() for c in values[0::5]):
+        return None
+    low, high = -COORD_TOLERANCE, 1 + COORD_TOLERANCE
+    for k in range(1, 5):
+        column = values[k::5]
+        if min(column) < low or max(column) > high:
+            return None
+    boxes = np.array(values, np.float32).reshape(-1, 5)
+    np.clip(boxes[:, 1:], 0, 1, out=boxes[:, 1:])
+    return boxes
+
+
+def _parse_rows(rows: list[list[str]]) -> tuple[np.ndarray, list[np.ndarray], str]:
+    """Read rows one by one: boxes, polygons (converted to boxes), and errors that name the line."""
     boxes = np.empty((len(rows), 5), np.float32)
     polygons: list[np.ndarray] = []
     has_polygons = any(len(row) > 5 for row in rows)
@@ -278,7 +378,7 @@ def _verify(pair: tuple[str, str]) -> tuple:
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         return "corrupt", None, None, None, 0, f"{lb_file}: bad label, image skipped ({_describe(exc)})"
     duplicates, message = 0, ""
-    if len(boxes) > 1:
+    if len(boxes) > 1 and len({row.tobytes() for row in boxes}) < len(boxes):
         _, first = np.unique(boxes, axis=0, return_index=True)
         if len(first) < len(boxes):
             keep = np.sort(first)

@@ -315,3 +315,29 @@ def test_read_only_dataset_keeps_the_cache_in_memory(dataset: dict[str, Path], c
 def test_no_usable_images_is_an_error(dataset: dict[str, Path]) -> None:
     with pytest.raises(FileNotFoundError, match="no usable images"):
         load_labels([str(dataset["garbage"]), str(dataset["truncated"])])
+
+
+HEADER_CASES = [(kind, 1) for kind in ("gray_jpeg", "png", "rgba_png", "webp", "bmp", "tiff")] + [
+    (kind, orientation) for kind in ("jpeg", "progressive") for orientation in range(1, 9)
+]
+
+
+@pytest.mark.parametrize(("kind", "orientation"), HEADER_CASES)
+def test_header_sizes_agree_with_a_full_decode(tmp_path: Path, kind: str, orientation: int) -> None:
+    """The fast header read gives what decoding the image (EXIF applied) gives."""
+    from PIL import ImageOps
+
+    mode = {"gray_jpeg": "L", "rgba_png": "RGBA"}.get(kind, "RGB")
+    image = Image.new(mode, (70, 33))
+    path = tmp_path / "images" / f"x.{ {'progressive': 'jpg', 'gray_jpeg': 'jpg', 'rgba_png': 'png'}.get(kind, kind) }"
+    path.parent.mkdir(parents=True)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    exif[0x010E] = "a description long enough to push the frame header further along " * 40
+    options = {"progressive": True} if kind == "progressive" else {}
+    if kind in ("jpeg", "progressive"):
+        options["exif"] = exif.tobytes()
+    image.save(path, **options)
+    with Image.open(path) as im:
+        expected = ImageOps.exif_transpose(im).size
+    assert labels_module._image_size(str(path)) == expected
