@@ -42,7 +42,8 @@ def make_dataset(root: Path, n: int, seed: int = 0) -> list[str]:
         rows = rng.uniform(0.05, 0.95, (int(rng.integers(1, 11)), 5))
         rows[:, 0] = rng.integers(0, 80, len(rows))
         rows[:, 3:] *= 0.1
-        (labels / f"{i:06d}.txt").write_text("".join(f"{int(r[0])} {r[1]:.6f} {r[2]:.6f} {r[3]:.6f} {r[4]:.6f}\n" for r in rows))
+        lines = [f"{int(r[0])} {r[1]:.6f} {r[2]:.6f} {r[3]:.6f} {r[4]:.6f}\n" for r in rows]
+        (labels / f"{i:06d}.txt").write_text("".join(lines))
     return find_images(images)
 
 
