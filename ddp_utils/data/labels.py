@@ -273,21 +273,21 @@ def _image_size(im_file: str) -> tuple[int, int]:
 def _parse_label(lb_file: str) -> tuple[np.ndarray, list[np.ndarray], str]:
     """Read a label file: (boxes [n, 5], polygons, status) or raise ValueError naming the line."""
     try:
-        with open(lb_file) as f:
-            text = f.read()
+        with open(lb_file, "rb") as f:  # bytes: float() takes them, and no text decoder to set up
+            content = f.read()
     except FileNotFoundError:
         return np.zeros((0, 5), np.float32), [], "missing"
-    rows = [line.split() for line in text.splitlines()]
+    rows = [line.split() for line in content.splitlines()]
     rows = [row for row in rows if row]
     if not rows:
         return np.zeros((0, 5), np.float32), [], "empty"
     boxes = _plain_boxes(rows)
     if boxes is not None:
         return boxes, [], "found"
-    return _parse_rows(rows)
+    return _parse_rows([[v.decode(errors="replace") for v in row] for row in rows])
 
 
-def _plain_boxes(rows: list[list[str]]) -> np.ndarray | None:
+def _plain_boxes(rows: list[list[bytes]]) -> np.ndarray | None:
     """The common case, all rows valid 5-column boxes, checked in a few passes; None sends the file
     to :func:`_parse_rows`, which finds the line at fault or reads polygons."""
     if any(len(row) != 5 for row in rows):
@@ -301,12 +301,15 @@ def _plain_boxes(rows: list[list[str]]) -> np.ndarray | None:
     if not all(c >= 0 and c.is_integer() for c in values[0::5]):
         return None
     low, high = -COORD_TOLERANCE, 1 + COORD_TOLERANCE
+    outside = False
     for k in range(1, 5):
-        column = values[k::5]
-        if min(column) < low or max(column) > high:
+        smallest, largest = min(values[k::5]), max(values[k::5])
+        if smallest < low or largest > high:
             return None
+        outside = outside or smallest < 0 or largest > 1
     boxes = np.array(values, np.float32).reshape(-1, 5)
-    np.clip(boxes[:, 1:], 0, 1, out=boxes[:, 1:])
+    if outside:  # within the tolerance: pull back to 0-1
+        boxes[:, 1:] = boxes[:, 1:].clip(0, 1)
     return boxes
 
 
@@ -375,7 +378,7 @@ def _verify(pair: tuple[str, str]) -> tuple:
         return "corrupt", None, None, None, 0, f"{im_file}: corrupt image, skipped ({_describe(exc)})"
     try:
         boxes, polygons, status = _parse_label(lb_file)
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
+    except (ValueError, OSError) as exc:
         return "corrupt", None, None, None, 0, f"{lb_file}: bad label, image skipped ({_describe(exc)})"
     duplicates, message = 0, ""
     if len(boxes) > 1 and len({row.tobytes() for row in boxes}) < len(boxes):

@@ -341,3 +341,14 @@ def test_header_sizes_agree_with_a_full_decode(tmp_path: Path, kind: str, orient
     with Image.open(path) as im:
         expected = ImageOps.exif_transpose(im).size
     assert labels_module._image_size(str(path)) == expected
+
+
+def test_coordinates_within_the_tolerance_are_clipped(tmp_path: Path) -> None:
+    im = write_image(tmp_path / "images" / "a.jpg")
+    write_label(im, "0 1.0005 0.5 0.2 0.2\n1 -0.0004 0.5 0.1 0.1\n")
+    nan = write_image(tmp_path / "images" / "nan.jpg")
+    write_label(nan, "0 nan 0.5 0.2 0.2\n")
+    result = load_labels([str(im), str(nan)])
+    np.testing.assert_allclose(result.labels[0][:, 1], [1.0, 0.0])
+    assert result.im_files == [str(im)]
+    assert any("nan.txt" in m and "non-finite" in m for m in result.messages)
