@@ -57,6 +57,10 @@ class DataConfigError(ValueError):
     """A data or hyperparameter yaml is malformed; the message names the file and key."""
 
 
+class DownloadError(RuntimeError):
+    """Fetching a dataset failed or gave an unsafe or damaged archive; the message names the URL."""
+
+
 def datasets_dir() -> Path:
     """Where datasets named by relative paths land: ``$DDP_UTILS_DATASETS_DIR``, else ``./datasets``.
 
@@ -305,8 +309,8 @@ def fetch_zips(specs: list[dict[str, Any]], root: Path) -> Path:
     return root
 
 
-def _fetch(url: str, target: Path, sha256: str | None) -> None:
-    digest = hashlib.sha256()
+def _stream(url: str, target: Path, digest: Any) -> int | None:
+    """Copy the URL's body to ``target``, feeding ``digest``; returns the announced length."""
     show = LOGGER.isEnabledFor(logging.INFO)
     with urllib.request.urlopen(url, timeout=60) as response, open(target, "wb") as f:
         total = int(response.headers.get("Content-Length") or 0) or None
@@ -317,11 +321,20 @@ def _fetch(url: str, target: Path, sha256: str | None) -> None:
                 f.write(chunk)
                 digest.update(chunk)
                 bar.update(len(chunk))
+    return total
+
+
+def _fetch(url: str, target: Path, sha256: str | None) -> None:
+    digest = hashlib.sha256()
+    try:
+        total = _stream(url, target, digest)
+    except OSError as exc:  # URLError, HTTPError, timeouts, a full disk
+        raise DownloadError(f"download {url}: {exc}") from exc
     received = target.stat().st_size
     if total is not None and received != total:  # http.client does not raise when the server hangs up early
-        raise DataConfigError(f"download {url}: incomplete, got {received} of {total} bytes (connection closed)")
+        raise DownloadError(f"download {url}: incomplete, got {received} of {total} bytes (connection closed)")
     if sha256 is not None and digest.hexdigest() != sha256.lower():
-        raise DataConfigError(f"download {url}: sha256 mismatch (expected {sha256.lower()}, got {digest.hexdigest()})")
+        raise DownloadError(f"download {url}: sha256 mismatch (expected {sha256.lower()}, got {digest.hexdigest()})")
 
 
 def _inside(path: Path, parent: Path) -> bool:
@@ -342,13 +355,13 @@ def _safe_unzip(archive: Path, dest: Path, strip: str, url: str) -> None:
     try:
         zf = zipfile.ZipFile(archive)
     except zipfile.BadZipFile as exc:
-        raise DataConfigError(f"download {url}: not a zip archive ({exc})") from exc
+        raise DownloadError(f"download {url}: not a zip archive ({exc})") from exc
     with zf:
         members = []
         for info in zf.infolist():
             parts = _member_parts(info.filename)
             if parts is None:
-                raise DataConfigError(
+                raise DownloadError(
                     f"download {url}: member {info.filename!r} would be written outside the dataset directory; "
                     "refusing the whole archive"
                 )
@@ -369,7 +382,7 @@ def _safe_unzip(archive: Path, dest: Path, strip: str, url: str) -> None:
 def _merge_into(tree: Path, root: Path) -> None:
     """Move the unpacked tree into place: one rename when ``root`` is new, else entry by entry."""
     if not tree.exists():
-        raise DataConfigError(f"download for {root}: the archives were empty")
+        raise DownloadError(f"download for {root}: the archives were empty")
     if not root.exists():
         os.rename(tree, root)
         return

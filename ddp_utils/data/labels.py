@@ -524,6 +524,13 @@ def _scan(im_files: list[str], label_files: list[str], prefix: str, workers: int
     }
 
 
+def _report(messages: list[str], level: int, limit: int = 30) -> None:
+    for message in messages[:limit]:
+        LOGGER.log(level, message)
+    if len(messages) > limit:
+        LOGGER.log(level, f"... and {len(messages) - limit} more problems (LabelSet.messages has them all)")
+
+
 def load_labels(
     im_files: Sequence[str],
     cache_path: str | Path | None = None,
@@ -565,8 +572,9 @@ def load_labels(
         written = _write_cache(cache_path, result)
 
     counts, messages = result["counts"], result["messages"]
-    for message in messages:
-        LOGGER.warning(message)
+    # The process that scanned warns; processes reading its cache (the other ranks of a
+    # node, later runs) repeat the list at INFO, which only the main process shows.
+    _report(messages, logging.INFO if loaded else logging.WARNING)
     source = "cache" if loaded else "scan"
     LOGGER.info(
         f"{prefix}{len(im_files)} images ({source} {cache_path}): {counts['found']} found, "

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ddp_utils.data.config import DataConfigError, check_dataset, datasets_dir, load_hyp
+from ddp_utils.data.config import DataConfigError, DownloadError, check_dataset, datasets_dir, load_hyp
 from ddp_utils.data.labels import find_images
 from ddp_utils.resources import asset_dir
 from tests.multiproc import describe, launch
@@ -297,7 +297,7 @@ def test_checksum_mismatch_leaves_no_dataset(tmp_path: Path, datasets: Path, ser
             "download": [{"url": f"{url}/ds.zip", "sha256": "0" * 64}],
         },
     )
-    with pytest.raises(DataConfigError, match=r"ds\.zip: sha256 mismatch"):
+    with pytest.raises(DownloadError, match=r"ds\.zip: sha256 mismatch"):
         check_dataset(file)
     assert not (datasets / "ds").exists() and leftovers(datasets) == []
 
@@ -309,7 +309,7 @@ def test_interrupted_download_leaves_no_dataset(tmp_path: Path, datasets: Path, 
         tmp_path / "ds.yaml",
         {"path": "ds", "train": "images/train", "val": "images/val", "names": ["x"], "download": f"{url}/cut/ds.zip"},
     )
-    with pytest.raises(DataConfigError, match=r"cut/ds\.zip: incomplete, got \d+ of \d+ bytes"):
+    with pytest.raises(DownloadError, match=r"cut/ds\.zip: incomplete, got \d+ of \d+ bytes"):
         check_dataset(file)
     assert not (datasets / "ds").exists() and leftovers(datasets) == []
 
@@ -326,7 +326,7 @@ def test_zip_slip_is_refused_and_nothing_is_written(tmp_path: Path, datasets: Pa
         tmp_path / "ds.yaml",
         {"path": "ds", "train": "images/train", "val": "images/val", "names": ["x"], "download": f"{url}/evil.zip"},
     )
-    with pytest.raises(DataConfigError, match="outside the dataset directory"):
+    with pytest.raises(DownloadError, match="outside the dataset directory"):
         check_dataset(file)
     assert not (datasets / "ds").exists() and leftovers(datasets) == []
     assert not list(tmp_path.rglob("*evil*.txt")) and not Path("/tmp/ddp_utils_zip_slip_evil.txt").exists()
@@ -339,8 +339,19 @@ def test_not_a_zip_is_a_clear_error(tmp_path: Path, datasets: Path, server) -> N
         tmp_path / "ds.yaml",
         {"path": "ds", "train": "images/train", "val": "images/val", "names": ["x"], "download": f"{url}/page.zip"},
     )
-    with pytest.raises(DataConfigError, match="page.zip: not a zip archive"):
+    with pytest.raises(DownloadError, match="page.zip: not a zip archive"):
         check_dataset(file)
+
+
+def test_http_error_names_the_url(tmp_path: Path, datasets: Path, server) -> None:
+    _, url, _ = server
+    file = write_yaml(
+        tmp_path / "ds.yaml",
+        {"path": "ds", "train": "images/train", "val": "images/val", "names": ["x"], "download": f"{url}/gone.zip"},
+    )
+    with pytest.raises(DownloadError, match=r"gone\.zip: HTTP Error 404"):
+        check_dataset(file)
+    assert not (datasets / "ds").exists() and leftovers(datasets) == []
 
 
 def test_archive_with_the_wrong_layout_is_reported(tmp_path: Path, datasets: Path, server) -> None:

@@ -47,6 +47,20 @@ GOOD = "0 0.5 0.5 0.2 0.3\n1 0.25 0.25 0.1 0.1\n"
 
 
 @pytest.fixture
+def log_records():
+    """Records of the ddp_utils logger, captured on the logger itself (set_logging stops propagation)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    level = LOGGER.level
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.DEBUG)
+    yield records
+    LOGGER.removeHandler(handler)
+    LOGGER.setLevel(level)
+
+
+@pytest.fixture
 def dataset(tmp_path: Path) -> dict[str, Path]:
     """A split of good images and every kind of bad one, keyed by role."""
     images = tmp_path / "ds" / "images" / "train"
@@ -120,12 +134,11 @@ def test_label_paths_follow_the_images_labels_rule() -> None:
     assert cache.name == "train.ddp.cache"
 
 
-def test_bad_files_are_reported_by_file_and_skipped(dataset: dict[str, Path], caplog) -> None:
+def test_bad_files_are_reported_by_file_and_skipped(dataset: dict[str, Path], log_records) -> None:
     root = dataset["good"].parents[2]
     before = snapshot(root)
     im_files = find_images(root / "images" / "train")
-    with caplog.at_level(logging.WARNING, logger=LOGGER.name):
-        result = load_labels(im_files, workers=2)
+    result = load_labels(im_files, workers=2)
 
     kept = {Path(p).stem for p in result.im_files}
     assert kept == {
@@ -143,7 +156,7 @@ def test_bad_files_are_reported_by_file_and_skipped(dataset: dict[str, Path], ca
     assert result.counts["found"] == len(kept) - 2
     for name in bad:
         assert any(f"{name}." in m for m in result.messages), f"no message names {name}: {result.messages}"
-        assert any(f"{name}." in r.getMessage() for r in caplog.records)
+        assert any(f"{name}." in r.getMessage() and r.levelno == logging.WARNING for r in log_records)
     for name, words in {
         "wrong_columns": "4 columns",
         "six_columns": "6 columns",
@@ -155,6 +168,14 @@ def test_bad_files_are_reported_by_file_and_skipped(dataset: dict[str, Path], ca
     }.items():
         assert any(f"{name}." in m and words in m for m in result.messages), (name, result.messages)
     assert snapshot(root) == before, "verification must not modify the user's files"
+    summary = [r.getMessage() for r in log_records if "images (scan" in r.getMessage()]
+    assert summary and f"{len(kept) - 2} found, 1 missing, 1 empty, {len(bad)} corrupt" in summary[0]
+
+    # from the cache, the same report, repeated at INFO: only the process that scanned warns
+    log_records.clear()
+    assert load_labels(im_files).messages == result.messages
+    problems = [r for r in log_records if "truncated." in r.getMessage()]
+    assert problems and all(r.levelno == logging.INFO for r in problems)
 
     by_name = {Path(p).stem: i for i, p in enumerate(result.im_files)}
     np.testing.assert_allclose(result.labels[by_name["good"]], np.loadtxt(io.StringIO(GOOD), ndmin=2))
@@ -297,17 +318,17 @@ def read_only(directory: Path):
         subprocess.run(["chattr", "-i", str(directory)], check=True)
 
 
-def test_read_only_dataset_keeps_the_cache_in_memory(dataset: dict[str, Path], caplog) -> None:
+def test_read_only_dataset_keeps_the_cache_in_memory(dataset: dict[str, Path], log_records) -> None:
     im_files = [str(dataset["good"]), str(dataset["segment"])]
     cache = label_cache_path(im_files)
     labels_module._MEMORY_CACHE.pop(str(cache), None)
-    with read_only(cache.parent), caplog.at_level(logging.WARNING, logger=LOGGER.name):
+    with read_only(cache.parent):
         first = load_labels(im_files)
         second = load_labels(im_files)
     assert not first.cache_written and not first.cache_loaded
     assert second.cache_loaded and not second.cache_written
     assert not cache.exists() and not list(cache.parent.glob(".*tmp"))
-    warnings = [r for r in caplog.records if "cannot write the label cache" in r.getMessage()]
+    warnings = [r for r in log_records if "cannot write the label cache" in r.getMessage()]
     assert len(warnings) == 1 and str(cache.parent) in warnings[0].getMessage()
     np.testing.assert_array_equal(first.labels[0], second.labels[0])
 
