@@ -226,6 +226,16 @@ def check_dataset(data: str | Path | dict[str, Any], autodownload: bool = True) 
 def load_hyp(name_or_path: str | Path) -> dict[str, Any]:
     """Load a hyperparameter yaml: a bare name resolves to the shipped ``configs/hyps/``.
 
+    Args:
+        name_or_path: "hyp.scratch-low.yaml", "hyp.shapes" (suffix optional) or a path.
+
+    Returns:
+        The hyperparameters as a dict of numbers, in file order.
+
+    Raises:
+        FileNotFoundError: no such file, shipped or given.
+        DataConfigError: the file is not a mapping of numbers; names the file and key.
+
     Examples:
         >>> hyp = load_hyp("hyp.scratch-low.yaml")
         >>> hyp["lr0"], hyp["mosaic"]
@@ -248,6 +258,16 @@ def run_download(download: Any, data: dict[str, Any], where: str = "data") -> No
     A generator is called as ``function(data)`` with the resolved data dict and must
     write the dataset under ``data["path"]``. Shell commands and Python snippets, which
     YOLOv5 yamls may hold, are refused: a yaml should not run arbitrary code.
+
+    Args:
+        download: the yaml's ``download`` value.
+        data: the resolved data dict (absolute ``path``).
+        where: the yaml file, for error messages.
+
+    Raises:
+        DataConfigError: ``download`` is neither URLs nor ``module:function``.
+        DownloadError: fetching or unpacking failed; nothing is left at ``data["path"]``
+            that was not there before.
     """
     if isinstance(download, str) and _GENERATOR.match(download) and "://" not in download:
         module_name, func_name = download.split(":")

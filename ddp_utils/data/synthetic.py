@@ -62,11 +62,12 @@ def _polygon(shape: str, x0: float, y0: float, side: float) -> np.ndarray:
 
 
 def _background(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
+    """A grey-ish base, blotches of colour a few dozen pixels wide, and per-pixel grain (uint8 throughout)."""
     base = rng.uniform(70, 170) + rng.uniform(-12, 12, 3)
-    coarse = rng.normal(0, 22, (height // 32 + 2, width // 32 + 2, 3)).astype(np.float32)
+    coarse = np.clip(base + rng.normal(0, 22, (height // 32 + 2, width // 32 + 2, 3)), 0, 255).astype(np.uint8)
     texture = cv2.resize(coarse, (width, height), interpolation=cv2.INTER_CUBIC)
-    grain = rng.integers(-14, 15, (height, width, 3), dtype=np.int16)
-    return np.clip(texture + grain + base.astype(np.float32), 0, 255).astype(np.uint8)
+    grain = np.frombuffer(rng.bytes(height * width * 3), np.uint8).reshape(height, width, 3) & 31
+    return cv2.subtract(cv2.add(texture, grain), np.full_like(texture, 16))  # saturating: grain of +/-16
 
 
 def _covers_too_much(box: np.ndarray, boxes: list[np.ndarray]) -> bool:
