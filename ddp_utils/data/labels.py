@@ -84,7 +84,13 @@ def _is_image(path: str) -> bool:
 
 def _images_in_dir(directory: Path) -> list[str]:
     found = []
-    for dirpath, _, filenames in os.walk(directory, followlinks=True):
+    seen = set()
+    for dirpath, dirnames, filenames in os.walk(directory, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a symlink loop, or two links to one folder
+            dirnames.clear()
+            continue
+        seen.add(real)
         found.extend(os.path.join(dirpath, name) for name in filenames if _is_image(name))
     return found
 

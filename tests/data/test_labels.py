@@ -118,6 +118,12 @@ def test_find_images_directory_list_and_mixed(tmp_path: Path) -> None:
     assert find_images([tmp_path / "d", str(other), listing]) == sorted([str(a), str(b), str(other)])
 
 
+def test_find_images_survives_a_symlink_loop(tmp_path: Path) -> None:
+    a = write_image(tmp_path / "d" / "sub" / "a.jpg")
+    (tmp_path / "d" / "sub" / "loop").symlink_to(tmp_path / "d")
+    assert find_images(tmp_path / "d") == [str(a)]
+
+
 def test_find_images_errors_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nowhere"):
         find_images(tmp_path / "nowhere", prefix="train: ")
