@@ -404,8 +404,13 @@ def _merge_into(tree: Path, root: Path) -> None:
     if not tree.exists():
         raise DownloadError(f"download for {root}: the archives were empty")
     if not root.exists():
-        os.rename(tree, root)
-        return
+        try:
+            os.rename(tree, root)
+            return
+        except OSError:
+            if not root.is_dir():
+                raise
+            # another node sharing this disk put its copy in place first: add what is missing
     for entry in tree.iterdir():
         target = root / entry.name
         if target.is_dir() and entry.is_dir():

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import threading
+import time
 import zipfile
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -98,6 +99,9 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.requests.append(self.path)
+        if self.path.startswith("/slow/"):  # both racing clients are mid-download at once
+            time.sleep(0.5)
+            self.path = self.path[len("/slow") :]
         if self.path.startswith("/cut/"):  # announce the whole file, send half, hang up
             body = (Path(self.directory) / self.path[len("/cut/") :]).read_bytes()
             self.send_response(200)
@@ -281,6 +285,34 @@ def test_download_several_zips_with_destinations(tmp_path: Path, datasets: Path,
     data = check_dataset(file)
     assert find_images(data["train"]) == [str(datasets / "coco" / "images" / "train2017" / "a.jpg")]
     assert find_images(data["val"]) == [str(datasets / "coco" / "images" / "val2017" / "b.jpg")]
+    assert leftovers(datasets) == []
+
+
+def test_two_nodes_downloading_into_one_shared_root_both_succeed(tmp_path: Path, datasets: Path, server) -> None:
+    www, url, requests = server
+    make_zip(www / "ds.zip", dataset_members("ds/"))
+    file = write_yaml(
+        tmp_path / "ds.yaml",
+        {"path": "ds", "train": "images/train", "val": "images/val", "names": ["x"], "download": f"{url}/slow/ds.zip"},
+    )
+    start = threading.Barrier(2)
+    results: list[object] = []
+
+    def node() -> None:
+        start.wait()
+        try:
+            results.append(check_dataset(file)["train"])
+        except Exception as exc:  # collected for the assertion below
+            results.append(exc)
+
+    threads = [threading.Thread(target=node) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert results == [str(datasets / "ds" / "images" / "train")] * 2, results
+    assert len(requests) == 2, "both fetched: the second merged into the first's copy"
+    assert sorted(p.name for p in (datasets / "ds" / "images" / "train").iterdir()) == ["a.jpg", "b.jpg"]
     assert leftovers(datasets) == []
 
 

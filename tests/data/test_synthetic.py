@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import cv2
@@ -104,3 +105,25 @@ def test_interrupted_generation_leaves_nothing_that_looks_complete(tmp_path: Pat
     with pytest.raises(KeyboardInterrupt):
         make_shapes_dataset(tmp_path / "shapes", 5, 2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_two_writers_racing_for_one_root_both_succeed(tmp_path: Path) -> None:
+    """Two nodes on a shared disk may generate at once: one copy wins, both see a complete dataset."""
+    start = threading.Barrier(2)
+    results: list[object] = []
+
+    def write() -> None:
+        start.wait()
+        try:
+            results.append(make_shapes_dataset(tmp_path / "shared", n_train=20, n_val=2))
+        except Exception as exc:  # collected for the assertion below
+            results.append(exc)
+
+    threads = [threading.Thread(target=write) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert results == [tmp_path / "shared"] * 2, results
+    assert len(list((tmp_path / "shared" / "images" / "train").iterdir())) == 20
+    assert [p.name for p in tmp_path.iterdir()] == ["shared"], "no temporary directory is left behind"
