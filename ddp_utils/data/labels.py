@@ -498,7 +498,9 @@ def _scan(im_files: list[str], label_files: list[str], prefix: str, workers: int
     counts = {"found": 0, "missing": 0, "empty": 0, "corrupt": 0, "duplicates": 0}
     kept_images, kept_labels, labels, shapes, segments, messages = [], [], [], [], [], []
     show = LOGGER.isEnabledFor(logging.INFO)
-    workers = max(1, min(workers, os.cpu_count() or 1, len(im_files)))
+    # Not capped at the CPU count: the work is mostly waiting on file opens, which threads
+    # overlap on network file systems and cold disks.
+    workers = max(1, min(workers, len(im_files)))
     with ThreadPool(workers) as pool:
         results = pool.imap(_verify, zip(im_files, label_files), chunksize=64)
         bar = tqdm(results, total=len(im_files), desc=desc, disable=not show, leave=True)
