@@ -439,6 +439,19 @@ def _unpack(arrays: dict[str, np.ndarray]) -> dict:
     shapes = arrays["shapes"]
     if not (len(label_counts) == len(segment_counts) == len(shapes) == len(header["label_files"]) == n):
         raise ValueError("cache arrays disagree in length")
+    boxes, points, lengths = arrays["labels"], arrays["points"], arrays["polygon_lengths"]
+    if (
+        boxes.ndim != 2
+        or boxes.shape[1] != 5
+        or label_counts.sum() != len(boxes)
+        or points.ndim != 2
+        or points.shape[1] != 2
+        or lengths.sum() != len(points)
+        or segment_counts.sum() != len(lengths)
+        or shapes.ndim != 2
+        or shapes.shape[1] != 2
+    ):
+        raise ValueError("cache arrays have inconsistent shapes")
     labels = np.split(arrays["labels"].astype(np.float32), np.cumsum(label_counts)[:-1]) if n else []
     polygons = np.split(arrays["points"].astype(np.float32), np.cumsum(arrays["polygon_lengths"])[:-1])
     if not len(arrays["polygon_lengths"]):

@@ -273,7 +273,9 @@ def _object_array_npz(path: Path) -> None:
         np.savez(f, header=np.array([{"version": 1}], dtype=object))
 
 
-@pytest.mark.parametrize("kind", ["random", "pickle", "yolov5_npy", "object_npz", "truncated", "foreign_zip", "old"])
+@pytest.mark.parametrize(
+    "kind", ["random", "pickle", "yolov5_npy", "object_npz", "truncated", "foreign_zip", "old", "inconsistent"]
+)
 def test_tampered_cache_is_rebuilt_not_trusted(dataset: dict[str, Path], tmp_path: Path, kind: str) -> None:
     im_files = [str(dataset["good"]), str(dataset["duplicates"])]
     cache = load_labels(im_files).cache_path
@@ -297,6 +299,11 @@ def test_tampered_cache_is_rebuilt_not_trusted(dataset: dict[str, Path], tmp_pat
         arrays = dict(np.load(cache, allow_pickle=False))
         header = bytes(arrays["header"]).replace(b'"version": 1', b'"version": 0')
         arrays["header"] = np.frombuffer(header, np.uint8)
+        with open(cache, "wb") as f:
+            np.savez(f, **arrays)
+    elif kind == "inconsistent":  # current header and hash, arrays that do not fit it
+        arrays = dict(np.load(cache, allow_pickle=False))
+        arrays["labels"] = arrays["labels"][:, :4]
         with open(cache, "wb") as f:
             np.savez(f, **arrays)
     result = load_labels(im_files)
