@@ -124,9 +124,9 @@ def find_images(source: str | Path | Sequence[str | Path], prefix: str = "") -> 
 
     Examples:
         >>> import tempfile, pathlib
-        >>> d = pathlib.Path(tempfile.mkdtemp())
-        >>> _ = (d / "a.JPG").write_bytes(b""), (d / "notes.md").write_text("")
-        >>> [pathlib.Path(p).name for p in find_images(d)]
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = (pathlib.Path(tmp) / "a.JPG").touch(), (pathlib.Path(tmp) / "notes.md").touch()
+        ...     [pathlib.Path(p).name for p in find_images(tmp)]
         ['a.JPG']
     """
     sources = [source] if isinstance(source, (str, Path)) else list(source)

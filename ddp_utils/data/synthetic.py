@@ -136,8 +136,9 @@ def make_shapes_dataset(
 
     Examples:
         >>> import tempfile, pathlib
-        >>> root = make_shapes_dataset(pathlib.Path(tempfile.mkdtemp()) / "shapes", n_train=2, n_val=1)
-        >>> sorted(p.name for p in (root / "images" / "train").iterdir())
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     root = make_shapes_dataset(pathlib.Path(tmp) / "shapes", n_train=2, n_val=1)
+        ...     sorted(p.name for p in (root / "images" / "train").iterdir())
         ['000000.jpg', '000001.jpg']
     """
     root = Path(root)
