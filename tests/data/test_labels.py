@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import pickle
@@ -26,6 +27,7 @@ from ddp_utils.data.labels import (
     load_labels,
 )
 from ddp_utils.log import LOGGER
+from tests.multiproc import describe, launch
 
 
 def write_image(path: Path, width: int = 48, height: int = 40, seed: int = 0) -> Path:
@@ -386,3 +388,19 @@ def test_coordinates_within_the_tolerance_are_clipped(tmp_path: Path) -> None:
     np.testing.assert_allclose(result.labels[0][:, 1], [1.0, 0.0])
     assert result.im_files == [str(im)]
     assert any("nan.txt" in m and "non-finite" in m for m in result.messages)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_first_process_of_the_node_builds_the_cache_the_others_read_it(dataset: dict[str, Path]) -> None:
+    workers = launch(
+        "tests.workers.data_config_scenarios:labels_once_per_node",
+        nprocs=2,
+        timeout=120,
+        args=(str(dataset["good"].parent),),
+    )
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    records = {r["rank"]: r for r in (json.loads(w.stdout.strip().splitlines()[-1]) for w in workers)}
+    assert records[0]["written"] and not records[0]["loaded"], describe(workers)
+    assert records[1]["loaded"] and not records[1]["written"], describe(workers)
+    assert records[0]["n"] == records[1]["n"] == 7

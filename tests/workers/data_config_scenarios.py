@@ -1,4 +1,4 @@
-"""Functions that tests/data/test_config.py runs in real worker processes (see tests/multiproc.py)."""
+"""Functions that tests/data/ runs in real worker processes (see tests/multiproc.py): yamls and label caches."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 import ddp_utils as du
 from ddp_utils.data.config import check_dataset
+from ddp_utils.data.labels import find_images, load_labels
 from ddp_utils.data.synthetic import make_shapes_dataset
 
 
@@ -34,5 +35,17 @@ def check_dataset_once(yaml_file: str) -> None:
     except Exception as exc:
         record = {"rank": info.rank, "error": f"{type(exc).__name__}: {exc}"}
     record["seconds"] = time.monotonic() - start
+    print(json.dumps(record))
+    du.cleanup()
+
+
+def labels_once_per_node(image_dir: str) -> None:
+    """The node's first process scans and writes the cache; the others read it."""
+    torch.set_num_threads(1)
+    info = du.init_distributed(backend="gloo")
+    with du.torch_distributed_zero_first(info.local_rank):
+        result = load_labels(find_images(image_dir))
+    record = {"rank": info.rank, "loaded": result.cache_loaded, "written": result.cache_written}
+    record["n"] = len(result.im_files)
     print(json.dumps(record))
     du.cleanup()
