@@ -293,6 +293,9 @@ def _download_spec(item: Any, where: str) -> dict[str, Any]:
             f"{where}: key 'download': {spec['url']!r} is neither a zip URL nor module:function "
             "(scripts in yamls are not run)"
         )
+    dest = spec.get("dest", ".")
+    if not isinstance(dest, str) or _member_parts(dest) is None:
+        raise DataConfigError(f"{where}: key 'download': dest {dest!r} of {spec['url']} must stay inside 'path'")
     digest = spec.get("sha256")
     if digest is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", str(digest)):
         raise DataConfigError(f"{where}: key 'download': sha256 of {spec['url']} is not 64 hex digits")
@@ -317,10 +320,11 @@ def fetch_zips(specs: list[dict[str, Any]], root: Path) -> Path:
             url = spec["url"]
             archive = staging / f"download-{secrets.token_hex(4)}.zip"
             _fetch(url, archive, spec.get("sha256"))
-            dest = staging / "tree" / spec.get("dest", ".")
-            if not _inside(dest, staging / "tree"):
+            parts = _member_parts(str(spec.get("dest", ".")))
+            if parts is None:
                 raise DataConfigError(f"download {url}: dest {spec['dest']!r} leaves the dataset directory")
-            _safe_unzip(archive, dest, strip=root.name if spec.get("dest") in (None, ".") else dest.name, url=url)
+            dest = staging.joinpath("tree", *parts)
+            _safe_unzip(archive, dest, strip=dest.name if parts else root.name, url=url)
             archive.unlink()
         _merge_into(staging / "tree", root)
     finally:
@@ -355,11 +359,6 @@ def _fetch(url: str, target: Path, sha256: str | None) -> None:
         raise DownloadError(f"download {url}: incomplete, got {received} of {total} bytes (connection closed)")
     if sha256 is not None and digest.hexdigest() != sha256.lower():
         raise DownloadError(f"download {url}: sha256 mismatch (expected {sha256.lower()}, got {digest.hexdigest()})")
-
-
-def _inside(path: Path, parent: Path) -> bool:
-    path, parent = Path(os.path.abspath(path)), Path(os.path.abspath(parent))
-    return path == parent or parent in path.parents
 
 
 def _member_parts(name: str) -> list[str] | None:

@@ -192,6 +192,10 @@ BAD_YAMLS = {
     "syntax": ("train: [images\nval: images\n", "not valid YAML"),
     "missing_dir": ("path: /nonexistent/ddp_utils_test\ntrain: images\nval: images\nnames: [a]\n", "'train'"),
     "script_download": ("train: nope\nval: nope\nnames: [a]\ndownload: bash get_data.sh\n", "'download'"),
+    "dest_escapes": (
+        "train: nope\nval: nope\nnames: [a]\ndownload: [{url: 'http://127.0.0.1:9/x.zip', dest: ../up}]\n",
+        "dest '../up'",
+    ),
     "python_download": ("train: nope\nval: nope\nnames: [a]\ndownload: \"import os; os.remove('x')\"\n", "'download'"),
 }
 
