@@ -132,7 +132,7 @@ def precision_recall_at_best_f1(
     found = last >= 0
     index = np.clip(last, 0, None)
     recall = np.where(found, recall_thresholds[index], 0.0)
-    prec = np.where(found, np.take_along_axis(precision, index, 0), 0.0)
+    prec = np.where(found, precision[index, np.arange(precision.shape[1])[:, None]], 0.0)
     f1 = 2 * prec * recall / np.maximum(prec + recall, 1e-16)
     best = int(np.argmax(f1.mean(0)))
     return float(prec[:, best].mean()), float(recall[:, best].mean())

@@ -294,6 +294,8 @@ class Model(nn.Module):
         [(1, 3, 8, 8, 7), (1, 3, 4, 4, 7), (1, 3, 2, 2, 7)]
     """
 
+    stride_probe_size = 256  # side of the zero image whose forward pass measures the strides
+
     def __init__(
         self, cfg: str | Path | dict = "yolov5n.yaml", ch: int = 3, nc: int | None = None, anchors: Any = None
     ) -> None:
@@ -332,8 +334,9 @@ class Model(nn.Module):
         return x
 
     @torch.no_grad()
-    def _measure_strides(self, ch: int, size: int = 256) -> torch.Tensor:
+    def _measure_strides(self, ch: int) -> torch.Tensor:
         # eval mode so the probe leaves the batch-norm statistics alone
+        size = self.stride_probe_size
         was_training = self.training
         self.eval()
         try:
