@@ -39,14 +39,6 @@ def tiny_cfg(**overrides) -> dict:
     return {**cfg, "width_multiple": 0.0625, **overrides}
 
 
-@pytest.fixture(scope="module")
-def torch_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_yolov5n_exact_architecture():
     model = Model("yolov5n.yaml")
     assert n_params(model) == 1_872_157
@@ -55,7 +47,7 @@ def test_yolov5n_exact_architecture():
 
 
 @pytest.mark.parametrize("size", ["n", "s"])
-def test_fused_params_and_gflops_at_640_match_the_table(size, torch_threads):
+def test_fused_params_and_gflops_at_640_match_the_table(size):
     model = Model(f"yolov5{size}.yaml").eval().fuse()
     params_m, gflops_640 = n_params(model) / 1e6, gflops(model, 640)
     published_params, published_gflops = PUBLISHED[size]
@@ -69,7 +61,7 @@ def test_fused_params_and_gflops_at_640_match_the_table(size, torch_threads):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", ["m", "l", "x"])
-def test_larger_models_match_the_table(size, torch_threads, monkeypatch):
+def test_larger_models_match_the_table(size, monkeypatch):
     monkeypatch.setattr(Model, "stride_probe_size", 64)  # same strides, a 16th of the probe's cost
     model = Model(f"yolov5{size}.yaml").eval().fuse()
     published_params, published_gflops = PUBLISHED[size]
