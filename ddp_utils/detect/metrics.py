@@ -67,75 +67,85 @@ def to_coco(records: Sequence[ImageRecord]) -> tuple[dict, list[dict]]:
     images, annotations, detections, classes = [], [], [], set()
     for image_id, record in enumerate(records, start=1):
         images.append({"id": image_id, "height": int(record.height), "width": int(record.width)})
-        for cls, x1, y1, x2, y2 in np.asarray(record.labels, dtype=np.float64).reshape(-1, 5):
-            w, h = x2 - x1, y2 - y1
+        # tolist() first: python floats, and far faster than iterating numpy rows
+        for cls, x1, y1, x2, y2 in np.asarray(record.labels, dtype=np.float64).reshape(-1, 5).tolist():
             classes.add(int(cls))
             annotations.append(
                 {
                     "id": len(annotations) + 1,
                     "image_id": image_id,
                     "category_id": int(cls) + 1,
-                    "bbox": [float(x1), float(y1), float(w), float(h)],
-                    "area": float(w * h),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": (x2 - x1) * (y2 - y1),
                     "iscrowd": 0,
                 }
             )
-        for x1, y1, x2, y2, conf, cls in np.asarray(record.predictions, dtype=np.float64).reshape(-1, 6):
-            classes.add(int(cls))
-            detections.append(
-                {
-                    "image_id": image_id,
-                    "category_id": int(cls) + 1,
-                    "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
-                    "score": float(conf),
-                }
-            )
+        preds = np.asarray(record.predictions, dtype=np.float64).reshape(-1, 6)
+        classes.update(int(c) for c in np.unique(preds[:, 5]).tolist())
+        detections.extend(
+            {"image_id": image_id, "category_id": int(cls) + 1, "bbox": [x1, y1, x2 - x1, y2 - y1], "score": conf}
+            for x1, y1, x2, y2, conf, cls in preds.tolist()
+        )
     categories = [{"id": c + 1, "name": str(c)} for c in sorted(classes)]
     return {"images": images, "annotations": annotations, "categories": categories}, detections
 
 
 def precision_recall_at_best_f1(
-    precision: np.ndarray, scores: np.ndarray, recall_thresholds: np.ndarray, steps: int = 1001
+    scores: np.ndarray,
+    classes: np.ndarray,
+    true_positive: np.ndarray,
+    labels_per_class: dict[int, int],
+    steps: int = 1001,
 ) -> tuple[float, float]:
-    """Mean precision and recall over classes at the one confidence that maximises the mean F1.
+    """Mean precision and recall over the labelled classes at the confidence of best mean F1.
 
-    For a confidence c, a class's recall is the highest recall threshold the evaluator
-    reached with detections scoring at least c, and its precision is the evaluator's
-    (interpolated) precision there; a class with nothing above c scores 0 and 0. The
-    confidence is swept over ``steps`` points in [0, 1]; the lowest confidence that reaches
-    the best mean F1 wins.
+    Precision and recall are the actual (not interpolated) ones of the detections at or
+    above a confidence; the confidences tried are ``steps`` quantiles of the detection
+    scores (every score when there are fewer), and the lowest confidence reaching the best
+    mean F1 wins. Classes without labels are left out, as COCO leaves them out of mAP.
 
     Args:
-        precision: the evaluator's precision at one IoU, area and maxDets: [R recall thresholds, K classes],
-            -1 for classes without ground truth (left out).
-        scores: the matching detection scores, [R, K].
-        recall_thresholds: [R].
-        steps: confidence grid size.
+        scores: [n] detection confidences.
+        classes: [n] detection classes.
+        true_positive: [n] bool, the evaluator's match at IoU 0.5.
+        labels_per_class: number of ground-truth boxes of each class.
+        steps: most confidences tried.
 
     Returns:
-        (mean precision, mean recall).
+        (mean precision, mean recall); (0.0, 0.0) without labels or detections.
 
     Examples:
-        >>> rec = np.linspace(0, 1, 101)
-        >>> prec = np.where(rec <= 0.5, 1.0, 0.0)[:, None]  # half the objects found, all correct
-        >>> precision_recall_at_best_f1(prec, np.where(rec <= 0.5, 0.9, 0.0)[:, None], rec)
-        (1.0, 0.5)
+        >>> scores = np.array([0.95, 0.9, 0.8, 0.7])  # a false positive above three hits
+        >>> precision_recall_at_best_f1(scores, np.zeros(4), np.array([0, 1, 1, 1], bool), {0: 4})
+        (0.75, 0.75)
     """
-    keep = (precision > -1).any(0)
-    if not keep.any():
+    labelled = [c for c, n in sorted(labels_per_class.items()) if n > 0]
+    if not labelled or not len(scores):
         return 0.0, 0.0
-    precision, scores = precision[:, keep], scores[:, keep]
-    confidence = np.linspace(0, 1, steps)
-    reached = (precision > 0)[..., None] & (scores[..., None] >= confidence)  # [R, K, C]
-    # scores fall as recall rises, so the reached thresholds form a prefix: count them
-    last = reached.sum(0) - 1  # [K, C], -1 where nothing is reached
-    found = last >= 0
-    index = np.clip(last, 0, None)
-    recall = np.where(found, recall_thresholds[index], 0.0)
-    prec = np.where(found, precision[index, np.arange(precision.shape[1])[:, None]], 0.0)
-    f1 = 2 * prec * recall / np.maximum(prec + recall, 1e-16)
+    thresholds = np.unique(np.quantile(scores, np.linspace(0, 1, steps), method="lower"))  # ascending
+    precision = np.zeros((len(labelled), len(thresholds)))
+    recall = np.zeros_like(precision)
+    for row, cls in enumerate(labelled):
+        mine = classes == cls
+        order = np.argsort(-scores[mine], kind="stable")
+        cls_scores, cum_tp = scores[mine][order], np.cumsum(true_positive[mine][order])
+        n_above = np.searchsorted(-cls_scores, -thresholds, side="right")  # detections scoring >= threshold
+        tp = np.where(n_above > 0, cum_tp[np.maximum(n_above - 1, 0)] if len(cum_tp) else 0, 0)
+        precision[row] = np.where(n_above > 0, tp / np.maximum(n_above, 1), 0.0)
+        recall[row] = tp / labels_per_class[cls]
+    f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-16)
     best = int(np.argmax(f1.mean(0)))
-    return float(prec[:, best].mean()), float(recall[:, best].mean())
+    return float(precision[:, best].mean()), float(recall[:, best].mean())
+
+
+def _top_per_image(records: Sequence[ImageRecord], max_dets: int) -> list[ImageRecord]:
+    kept = []
+    for record in records:
+        preds = np.asarray(record.predictions).reshape(-1, 6)
+        if len(preds) > max_dets:
+            preds = preds[np.argsort(-preds[:, 4], kind="stable")[:max_dets]]
+        kept.append(ImageRecord(record.key, record.height, record.width, record.labels, preds))
+    return kept
 
 
 def coco_metrics(records: Sequence[ImageRecord], max_dets: int = 100) -> dict[str, float]:
@@ -143,13 +153,13 @@ def coco_metrics(records: Sequence[ImageRecord], max_dets: int = 100) -> dict[st
 
     Args:
         records: one :class:`ImageRecord` per image (predictions and labels in the same pixels).
-        max_dets: detections per image the evaluator counts (COCO's standard is 100).
+        max_dets: detections per image scored, the most confident first (COCO's standard is 100).
 
     Returns:
-        {"precision", "recall", "map50", "map"}: precision and recall at IoU 0.5 at the
-        confidence of best mean F1 (see :func:`precision_recall_at_best_f1`), mAP@0.5 and
-        mAP@0.5:0.95 as the evaluator reports them; all 0.0 when there are no labels or no
-        predictions.
+        {"precision", "recall", "map50", "map"}: mAP@0.5 and mAP@0.5:0.95 as the evaluator
+        reports them; precision and recall of the evaluator's IoU-0.5 matches at the
+        confidence of best mean F1 (see :func:`precision_recall_at_best_f1`). All 0.0 when
+        there are no labels or no predictions.
 
     Examples:
         >>> box = np.array([[0, 10, 10, 50, 50]], np.float32)
@@ -157,23 +167,29 @@ def coco_metrics(records: Sequence[ImageRecord], max_dets: int = 100) -> dict[st
         >>> coco_metrics([ImageRecord("a.jpg", 64, 64, box, hit)])
         {'precision': 1.0, 'recall': 1.0, 'map50': 1.0, 'map': 1.0}
     """
-    gt, dt = to_coco(records)
+    gt, dt = to_coco(_top_per_image(records, max_dets))
     if not gt["annotations"] or not dt:
         return empty_metrics()
     with contextlib.redirect_stdout(io.StringIO()):  # the evaluator prints its summary table
         coco_gt = COCO(gt)
         coco_dt = coco_gt.loadRes(dt)
-        evaluator = COCOeval_faster(coco_gt, coco_dt, "bbox", print_function=lambda *a, **k: None)
+        evaluator = COCOeval_faster(coco_gt, coco_dt, "bbox", extra_calc=True, print_function=lambda *a, **k: None)
         evaluator.params.maxDets = [1, 10, max_dets]
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
     stats = evaluator.stats
-    iou50 = int(np.argmin(np.abs(evaluator.params.iouThrs - 0.5)))
+    matched = {int(key.split("_", 1)[0]) for key, iou in evaluator.eval["matched"].items() if iou >= 0.5}
+    detections = coco_dt.anns
+    ids = np.fromiter(detections.keys(), dtype=np.int64, count=len(detections))
+    labels_per_class: dict[int, int] = {}
+    for ann in gt["annotations"]:
+        labels_per_class[ann["category_id"]] = labels_per_class.get(ann["category_id"], 0) + 1
     precision, recall = precision_recall_at_best_f1(
-        evaluator.eval["precision"][iou50, :, :, 0, -1],
-        evaluator.eval["scores"][iou50, :, :, 0, -1],
-        np.asarray(evaluator.params.recThrs),
+        np.array([detections[i]["score"] for i in ids.tolist()], dtype=np.float64),
+        np.array([detections[i]["category_id"] for i in ids.tolist()], dtype=np.int64),
+        np.isin(ids, np.fromiter(matched, dtype=np.int64, count=len(matched))),
+        labels_per_class,
     )
     return {
         "precision": precision,
