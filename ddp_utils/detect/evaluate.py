@@ -96,7 +96,8 @@ def evaluate(
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
     Args:
-        model: the detector (plain or DDP-wrapped); run in eval mode, its mode is restored after.
+        model: the detector (plain, or DDP-wrapped: then its ``.module`` runs); run in eval mode, its
+            mode is restored after.
             In eval mode it returns ``(pred [B, N, 5 + nc], raw level outputs)`` or just ``pred``.
         loader: yields ``(imgs uint8 [B, 3, H, W], targets [n, 6], paths, shapes)``; under DDP
             this rank's shard (each image on exactly one rank).
@@ -104,7 +105,7 @@ def evaluate(
         conf_thres: NMS confidence threshold (low, so the PR curve is complete).
         iou_thres: NMS IoU threshold.
         max_det: detections kept per image by NMS.
-        device: where to run; None uses the model's device.
+        device: where the batches go (the model must already be there); None uses the model's device.
         half: run in float16 autocast (CUDA only; ignored on the CPU).
 
     Returns:
@@ -113,6 +114,9 @@ def evaluate(
         tensor[3] (box, obj, cls), the mean over all batches of all ranks (zeros without
         ``compute_loss``).
     """
+    if hasattr(model, "module"):
+        # DDP's forward may sync buffers across ranks, and shards can differ in length: run the bare model
+        model = model.module
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()

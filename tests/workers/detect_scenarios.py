@@ -116,6 +116,8 @@ def sharded_evaluate(n_images: str, batch_size: str) -> None:
     per_rank = -(-len(batches) // info.world_size)
     shard = batches[info.rank * per_rank : (info.rank + 1) * per_rank]
     model, compute_loss = build_stub(images)
+    # wrapped as train.py's model is; the shards differ in length, so evaluate() must not run DDP's forward
+    model = torch.nn.parallel.DistributedDataParallel(model)
     metrics, val_loss = evaluate(model, shard, compute_loss=compute_loss)
     n_local = sum(len(b[2]) for b in shard)
     print(json.dumps({"rank": info.rank, "images": n_local, "metrics": metrics, "val_loss": val_loss.tolist()}))
