@@ -104,7 +104,8 @@ def evaluate(
         compute_loss: a :class:`~ddp_utils.detect.loss.ComputeLoss` for the validation losses, or None.
         conf_thres: NMS confidence threshold (low, so the PR curve is complete).
         iou_thres: NMS IoU threshold.
-        max_det: detections kept per image by NMS.
+        max_det: detections kept per image by NMS, and scored by the evaluator (as YOLOv5 scores
+            all 300 it keeps; COCO's official protocol stops at 100: pass 100 for that).
         device: where the batches go (the model must already be there); None uses the model's device.
         half: run in float16 autocast (CUDA only; ignored on the CPU).
 
@@ -153,7 +154,7 @@ def evaluate(
     metrics = None
     if everything is not None:
         try:
-            metrics = coco_metrics(_unique(everything))
+            metrics = coco_metrics(_unique(everything), max_dets=max_det)
         except Exception as exc:  # every rank must still reach the broadcast, or the others hang
             LOGGER.error(f"evaluate: COCO evaluation failed on rank 0 ({type(exc).__name__}: {exc})")
             metrics = {"error": f"{type(exc).__name__}: {exc}"}

@@ -97,14 +97,15 @@ class ComputeLoss:
             self.bce_cls, self.bce_obj = FocalLoss(self.bce_cls, gamma), FocalLoss(self.bce_obj, gamma)
         self.cls_pos, self.cls_neg = smooth_bce(float(hyp.get("label_smoothing", 0.0)))
         self.balance = self.balance_by_levels.get(detect.nl, [4.0, 1.0, 0.25, 0.06, 0.02])
+        self.detect = detect  # its anchors are read at each call: autoanchor may change them after this
         self.na, self.nc, self.nl = detect.na, detect.nc, detect.nl
-        self.anchors = detect.anchors.detach().clone()  # grid units of each level
         self.anchor_t = float(hyp["anchor_t"])
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = preds[0].device
         targets = targets.to(device)
-        self.anchors = self.anchors.to(device)
+        self.bce_cls.to(device)  # pos_weight follows the model if it moved after this loss was made
+        self.bce_obj.to(device)
         loss_box = torch.zeros(1, device=device)
         loss_obj = torch.zeros(1, device=device)
         loss_cls = torch.zeros(1, device=device)
@@ -152,7 +153,7 @@ class ComputeLoss:
             ny, nx = pred.shape[2], pred.shape[3]
             gain = torch.tensor([1, 1, nx, ny, nx, ny, 1], device=device, dtype=torch.float32)
             t = per_anchor * gain  # to grid units
-            anchors = self.anchors[level]
+            anchors = self.detect.anchors[level].detach().to(device)
             if n_targets:
                 ratio = t[..., 4:6] / anchors[:, None]
                 t = t[torch.max(ratio, 1 / ratio).max(2)[0] < self.anchor_t]

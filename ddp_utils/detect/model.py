@@ -58,7 +58,7 @@ class Detect(nn.Module):
         self.register_buffer("anchors", torch.tensor(anchors, dtype=torch.float32).view(self.nl, -1, 2))
         self.register_buffer("stride", torch.zeros(self.nl))
         self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)
-        self._grids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._grids: dict[tuple, torch.Tensor] = {}
 
     def forward(self, x: list[torch.Tensor]) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         decoded = []
@@ -76,16 +76,18 @@ class Detect(nn.Module):
         return x if self.training else (torch.cat(decoded, 1), x)
 
     def _grid(self, i: int, nx: int, ny: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (i, nx, ny, like.device, like.dtype, float(self.stride[i]))
-        if key not in self._grids:
+        key = (i, nx, ny, like.device, like.dtype)
+        grid = self._grids.get(key)
+        if grid is None:
             ys = torch.arange(ny, device=like.device, dtype=like.dtype)
             xs = torch.arange(nx, device=like.device, dtype=like.dtype)
             yv, xv = torch.meshgrid(ys, xs, indexing="ij")
             grid = torch.stack((xv, yv), 2).expand(1, self.na, ny, nx, 2) - 0.5
-            anchor_grid = (self.anchors[i] * self.stride[i]).to(like.dtype).view(1, self.na, 1, 1, 2)
             self._grids = {k: v for k, v in self._grids.items() if k[0] != i}  # one cached size per level
-            self._grids[key] = (grid, anchor_grid.expand(1, self.na, ny, nx, 2))
-        return self._grids[key]
+            self._grids[key] = grid
+        # from the live buffers each time, so anchors changed in place (autoanchor) take effect
+        anchor_grid = (self.anchors[i] * self.stride[i]).to(like.dtype).view(1, self.na, 1, 1, 2)
+        return grid, anchor_grid
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -110,3 +110,13 @@ def test_wrapped_model_and_missing_hyp():
     assert ComputeLoss(wrapped, HYP).nc == 3
     with pytest.raises(KeyError, match="anchor_t"):
         ComputeLoss(model, {k: v for k, v in HYP.items() if k != "anchor_t"})
+
+
+def test_assignment_follows_anchors_changed_after_the_loss_was_made():
+    model = tiny_model(nc=2)
+    compute_loss = ComputeLoss(model, HYP)
+    preds = [torch.zeros(1, 3, n, n, 7) for n in (8, 4, 2)]
+    targets = torch.tensor([[0, 1, 0.3, 0.7, 0.25, 0.25]])
+    assert len(compute_loss.build_targets(preds, targets)[0][0]) == 9
+    model.model[-1].anchors.mul_(10)  # far too large for a 2-cell object now
+    assert len(compute_loss.build_targets(preds, targets)[0][0]) == 0

@@ -243,3 +243,32 @@ def test_detect_without_anchor_key_is_a_named_error():
 
 def test_detect_is_exported():
     assert isinstance(Model(tiny_cfg()).model[-1], Detect)
+
+
+def test_anchor_count_instead_of_anchor_list_builds():
+    model = Model(tiny_cfg(anchors=3))  # "anchors: 3" in a yaml: anchors to be found by autoanchor
+    detect = model.model[-1]
+    assert detect.anchors.shape == (3, 3, 2) and model.stride.tolist() == [8.0, 16.0, 32.0]
+
+
+def test_deepcopy_and_state_dict_round_trip():
+    torch.manual_seed(0)
+    model = Model(tiny_cfg(), nc=2).eval()
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        reference = model(x)[0]
+        twin = copy.deepcopy(model)  # what an EMA does
+        assert torch.equal(twin(x)[0], reference)
+        fresh = Model(tiny_cfg(), nc=2).eval()
+        fresh.load_state_dict(model.state_dict())
+        assert torch.equal(fresh(x)[0], reference)
+
+
+def test_eval_decoding_follows_anchors_changed_in_place():
+    model = Model(tiny_cfg()).eval()
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        before = model(x)[0]
+        model.model[-1].anchors.mul_(2)  # as autoanchor does
+        after = model(x)[0]
+    assert torch.allclose(after[..., 2:4], 2 * before[..., 2:4]) and torch.equal(after[..., :2], before[..., :2])
