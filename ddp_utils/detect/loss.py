@@ -75,6 +75,16 @@ class ComputeLoss:
     Call it with the training-mode outputs (a list of ``[B, na, ny, nx, 5 + nc]``) and the
     targets ``[n, 6]`` = (image index, class, xc, yc, w, h) normalised to the input size. It
     returns ``(loss * batch_size, tensor([box, obj, cls]).detach())``.
+
+    Examples:
+        >>> from ddp_utils.detect import Model, load_model_yaml
+        >>> cfg, _ = load_model_yaml("yolov5n.yaml")
+        >>> model = Model({**cfg, "width_multiple": 0.0625}, nc=2)
+        >>> hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}
+        >>> targets = torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.3]])
+        >>> loss, items = ComputeLoss(model, hyp)(model(torch.zeros(2, 3, 64, 64)), targets)
+        >>> loss.shape, items.shape, bool(loss > 0)
+        (torch.Size([1]), torch.Size([3]), True)
     """
 
     balance_by_levels = {3: [4.0, 1.0, 0.4]}
