@@ -218,7 +218,8 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     raw_anchors = cfg.get("anchors")
     n_levels = len(raw_anchors) if isinstance(raw_anchors, list) else 3
     anchors = _anchor_list(raw_anchors, n_levels, source) if raw_anchors is not None else None
-    n_outputs = (anchors and len(anchors[0]) // 2 or 0) * (nc + 5)
+    # a block whose output channels equal the head's (anchors x (5 + nc)) keeps them unscaled
+    n_outputs = len(anchors[0]) // 2 * (nc + 5) if anchors else None
 
     layers, save, channels = [], [], []
     for i, spec in enumerate(backbone + head):
