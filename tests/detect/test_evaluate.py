@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.detect import evaluate
+from ddp_utils.detect import ComputeLoss, evaluate
 from ddp_utils.detect.evaluate import batch_records
 from tests.multiproc import describe, launch
 from tests.workers.detect_scenarios import (
@@ -87,3 +87,23 @@ def test_two_ranks_gather_the_single_process_metrics():
     for result in results:
         assert result["metrics"] == pytest.approx(expected, abs=1e-12), describe(workers)
         assert result["val_loss"] == pytest.approx(expected_loss.tolist(), rel=1e-5)
+
+
+def test_a_model_that_learned_one_batch_detects_it():
+    """Decoding, NMS, box scaling and metrics agree with what the loss trains."""
+    from tests.detect.test_loss import HYP, rectangles_batch, tiny_model
+
+    model = tiny_model(width=0.125)
+    images, targets = rectangles_batch(batch=2, per_image=3)
+    batch = [((images * 255).round().to(torch.uint8), targets, ("a.jpg", "b.jpg"), (None, None))]
+    compute_loss = ComputeLoss(model, HYP)
+    untrained = evaluate(model, batch)[0]
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(150):
+        loss, _ = compute_loss(model(images), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    trained = evaluate(model, batch)[0]
+    assert model.training
+    assert trained["map50"] > 0.4 and trained["map50"] > untrained["map50"] + 0.3, (untrained, trained)
