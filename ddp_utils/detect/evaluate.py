@@ -99,7 +99,7 @@ def evaluate(
         model: the detector (plain, or DDP-wrapped: then its ``.module`` runs); run in eval mode, its
             mode is restored after.
             In eval mode it returns ``(pred [B, N, 5 + nc], raw level outputs)`` or just ``pred``.
-        loader: yields ``(imgs uint8 [B, 3, H, W], targets [n, 6], paths, shapes)``; under DDP
+        loader: yields ``(imgs uint8 [B, 3, H, W] (or float in 0-1), targets [n, 6], paths, shapes)``; under DDP
             this rank's shard (each image on exactly one rank).
         compute_loss: a :class:`~ddp_utils.detect.loss.ComputeLoss` for the validation losses, or None.
         conf_thres: NMS confidence threshold (low, so the PR curve is complete).
@@ -131,7 +131,8 @@ def evaluate(
     )
     try:
         for imgs, targets, paths, shapes in loader:
-            imgs = imgs.to(device, non_blocking=True).float() / 255
+            imgs = imgs.to(device, non_blocking=True)
+            imgs = imgs.float() / 255 if imgs.dtype == torch.uint8 else imgs.float()
             targets = targets.to(device)
             with autocast:
                 out = model(imgs)
@@ -154,7 +155,13 @@ def evaluate(
     metrics = None
     if everything is not None:
         try:
-            metrics = coco_metrics(_unique(everything), max_dets=max_det)
+            unique = _unique(everything)
+            metrics = coco_metrics(unique, max_dets=max_det)
+            n_labels = sum(len(r.labels) for r in unique)
+            LOGGER.info(
+                f"val: {len(unique)} images, {n_labels} labels: P {metrics['precision']:.3f} "
+                f"R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} mAP50-95 {metrics['map']:.3f}"
+            )
         except Exception as exc:  # every rank must still reach the broadcast, or the others hang
             LOGGER.error(f"evaluate: COCO evaluation failed on rank 0 ({type(exc).__name__}: {exc})")
             metrics = {"error": f"{type(exc).__name__}: {exc}"}

@@ -24,9 +24,12 @@ from tests.workers.detect_scenarios import (
 def test_perfect_predictions_score_one_in_original_pixels():
     images = make_images(5, jitter=0.0, misses=False)
     stub = PredictionStub(images)
-    metrics, val_loss = evaluate(stub, make_batches(images, 2))
+    batches = make_batches(images, 2)
+    metrics, val_loss = evaluate(stub, batches)
     assert metrics == {"precision": 1.0, "recall": 1.0, "map50": 1.0, "map": 1.0}
     assert torch.equal(val_loss, torch.zeros(3))
+    as_float = [(imgs.float() / 255, *rest) for imgs, *rest in batches]  # already-scaled images work too
+    assert evaluate(stub, as_float)[0] == metrics
 
 
 def test_shifted_predictions_score_lower():
