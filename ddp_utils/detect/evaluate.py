@@ -119,6 +119,7 @@ def evaluate(
         # DDP's forward may sync buffers across ranks, and shards can differ in length: run the bare model
         model = model.module
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    param_dtype = next(model.parameters()).dtype
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros(3, device=device)
@@ -133,6 +134,8 @@ def evaluate(
         for imgs, targets, paths, shapes in loader:
             imgs = imgs.to(device, non_blocking=True)
             imgs = imgs.float() / 255 if imgs.dtype == torch.uint8 else imgs.float()
+            if param_dtype == torch.float16 and device.type == "cuda":  # a model already made half
+                imgs = imgs.half()
             targets = targets.to(device)
             with autocast:
                 out = model(imgs)
