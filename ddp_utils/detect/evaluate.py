@@ -96,9 +96,9 @@ def evaluate(
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
     Args:
-        model: the detector (plain, or DDP-wrapped: then its ``.module`` runs); run in eval mode, its
-            mode is restored after.
-            In eval mode it returns ``(pred [B, N, 5 + nc], raw level outputs)`` or just ``pred``.
+        model: the detector (plain, or DDP-wrapped: then its ``.module`` runs). It runs in eval mode,
+            returning ``(pred [B, N, 5 + nc], raw level outputs)`` or just ``pred``; its mode is
+            restored afterwards.
         loader: yields ``(imgs uint8 [B, 3, H, W] (or float in 0-1), targets [n, 6], paths, shapes)``; under DDP
             this rank's shard (each image on exactly one rank).
         compute_loss: a :class:`~ddp_utils.detect.loss.ComputeLoss` for the validation losses, or None.
