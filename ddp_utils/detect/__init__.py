@@ -1,0 +1,50 @@
+"""The reference detector: a YOLOv5-style model built from a model yaml, its loss, box ops and COCO metrics."""
+
+from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
+from .evaluate import evaluate
+from .loss import ComputeLoss, FocalLoss, smooth_bce
+from .metrics import ImageRecord, coco_metrics, fitness
+from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
+from .ops import (
+    clip_boxes,
+    letterbox_params,
+    non_max_suppression,
+    scale_boxes,
+    xywh2xyxy,
+    xywhn2xyxy,
+    xyxy2xywh,
+    xyxy2xywhn,
+)
+
+__all__ = [
+    "C3",
+    "MODULES",
+    "SPP",
+    "SPPF",
+    "Bottleneck",
+    "ComputeLoss",
+    "Concat",
+    "Conv",
+    "Detect",
+    "FocalLoss",
+    "Focus",
+    "ImageRecord",
+    "Model",
+    "ModelConfigError",
+    "autopad",
+    "clip_boxes",
+    "coco_metrics",
+    "evaluate",
+    "fitness",
+    "letterbox_params",
+    "load_model_yaml",
+    "make_divisible",
+    "non_max_suppression",
+    "parse_model",
+    "scale_boxes",
+    "smooth_bce",
+    "xywh2xyxy",
+    "xywhn2xyxy",
+    "xyxy2xywh",
+    "xyxy2xywhn",
+]

@@ -1,0 +1,174 @@
+"""The distributed validation loop: each rank scores its shard, rank 0 computes COCO metrics.
+
+Every rank runs the model over its own exactly-once shard of the validation set and
+turns its detections and labels into original-image pixels. Rank 0 gathers those
+records, computes the metrics with faster-coco-eval, and broadcasts them, so each rank
+returns the same numbers a single process would compute over the whole set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..dist import broadcast_object, get_rank, get_world_size, is_dist_initialized, reduce_tensor
+from ..log import LOGGER
+from .metrics import ImageRecord, coco_metrics, empty_metrics
+from .ops import non_max_suppression, scale_boxes, xywh2xyxy
+
+
+def _gather_to_rank0(records: list[ImageRecord]) -> list[ImageRecord] | None:
+    """Every rank's records on rank 0 (in rank order); None on the other ranks."""
+    if not is_dist_initialized():
+        return records
+    gathered: list[Any] | None = [None] * get_world_size() if get_rank() == 0 else None
+    dist.gather_object(records, gathered, dst=0)
+    if gathered is None:
+        return None
+    return [record for rank_records in gathered for record in rank_records]
+
+
+def _unique(records: list[ImageRecord]) -> list[ImageRecord]:
+    # a padded sampler shows some images twice; score each image once
+    seen: dict[str, ImageRecord] = {}
+    for record in records:
+        seen.setdefault(record.key, record)
+    if len(seen) < len(records):
+        LOGGER.warning(f"evaluate: {len(records) - len(seen)} images were evaluated twice; each is scored once")
+    return list(seen.values())
+
+
+def batch_records(
+    detections: list[torch.Tensor], targets: torch.Tensor, input_shape: tuple[int, int], paths: Any, shapes: Any
+) -> list[ImageRecord]:
+    """Turn one batch's detections and targets into :class:`ImageRecord`s in original-image pixels.
+
+    Args:
+        detections: per image, [n, 6] x1, y1, x2, y2, conf, cls in network-input pixels.
+        targets: [m, 6] image index, class, xc, yc, w, h normalised to the input.
+        input_shape: (height, width) of the network input.
+        paths: per image, its path (the key that identifies it across ranks).
+        shapes: per image, ``((h0, w0), ((h / h0, w / w0), (pad_w, pad_h)))``, or None (no letterbox to undo).
+
+    Returns:
+        One record per image.
+    """
+    height, width = input_shape
+    targets = targets.detach().float().cpu()
+    records = []
+    for index, det in enumerate(detections):
+        shape = shapes[index] if shapes is not None else None
+        original, ratio_pad = (shape[0], shape[1]) if shape is not None else ((height, width), ((1.0, 1.0), (0, 0)))
+        labels = targets[targets[:, 0] == index, 1:6].clone()
+        boxes = xywh2xyxy(labels[:, 1:5]) * torch.tensor([width, height, width, height])
+        scale_boxes(input_shape, boxes, original, ratio_pad)
+        pred = det.detach().float().cpu().clone()
+        scale_boxes(input_shape, pred[:, :4], original, ratio_pad)
+        records.append(
+            ImageRecord(
+                key=str(paths[index]),
+                height=int(original[0]),
+                width=int(original[1]),
+                labels=torch.cat((labels[:, :1], boxes), 1).numpy().astype(np.float32),
+                predictions=pred.numpy().astype(np.float32),
+            )
+        )
+    return records
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    compute_loss: Any = None,
+    conf_thres: float = 0.001,
+    iou_thres: float = 0.6,
+    max_det: int = 300,
+    device: torch.device | str | None = None,
+    half: bool = False,
+) -> tuple[dict[str, float], torch.Tensor]:
+    """Validate a detector over a (sharded) loader; every rank returns the same metrics.
+
+    Args:
+        model: the detector (plain, or DDP-wrapped: then its ``.module`` runs). It runs in eval mode,
+            returning ``(pred [B, N, 5 + nc], raw level outputs)`` or just ``pred``; its mode is
+            restored afterwards.
+        loader: yields ``(imgs uint8 [B, 3, H, W] (or float in 0-1), targets [n, 6], paths, shapes)``; under DDP
+            this rank's shard (each image on exactly one rank).
+        compute_loss: a :class:`~ddp_utils.detect.loss.ComputeLoss` for the validation losses, or None.
+        conf_thres: NMS confidence threshold (low, so the PR curve is complete).
+        iou_thres: NMS IoU threshold.
+        max_det: detections kept per image by NMS, and scored by the evaluator (as YOLOv5 scores
+            all 300 it keeps; COCO's official protocol stops at 100: pass 100 for that).
+        device: where the batches go (the model must already be there); None uses the model's device.
+        half: run in float16 autocast (CUDA only; ignored on the CPU).
+
+    Returns:
+        ``(metrics, val_loss)``: metrics ``{"precision", "recall", "map50", "map"}`` from
+        :func:`~ddp_utils.detect.metrics.coco_metrics` over all ranks' images; ``val_loss``
+        tensor[3] (box, obj, cls), the mean over all batches of all ranks (zeros without
+        ``compute_loss``).
+    """
+    if hasattr(model, "module"):
+        # DDP's forward may sync buffers across ranks, and shards can differ in length: run the bare model
+        model = model.module
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    param_dtype = next(model.parameters()).dtype
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros(3, device=device)
+    batches = 0
+    records: list[ImageRecord] = []
+    autocast = (
+        torch.autocast(device_type="cuda", dtype=torch.float16)
+        if half and device.type == "cuda"
+        else contextlib.nullcontext()
+    )
+    try:
+        for imgs, targets, paths, shapes in loader:
+            imgs = imgs.to(device, non_blocking=True)
+            imgs = imgs.float() / 255 if imgs.dtype == torch.uint8 else imgs.float()
+            if param_dtype == torch.float16 and device.type == "cuda":  # a model already made half
+                imgs = imgs.half()
+            targets = targets.to(device)
+            with autocast:
+                out = model(imgs)
+            pred, raw = (out[0], out[1]) if isinstance(out, (tuple, list)) else (out, None)
+            if compute_loss is not None and raw is not None:
+                loss_sum += compute_loss([r.float() for r in raw], targets)[1].to(device)
+            batches += 1
+            detections = non_max_suppression(
+                pred.float(), conf_thres, iou_thres, multi_label=True, agnostic=False, max_det=max_det
+            )
+            records.extend(batch_records(detections, targets, tuple(imgs.shape[2:]), paths, shapes))
+    finally:
+        model.train(was_training)
+
+    # sums and batch counts, not per-rank means, so an uneven shard split weighs every batch alike
+    totals = reduce_tensor(torch.cat((loss_sum.cpu().double(), torch.tensor([float(batches)], dtype=torch.float64))))
+    val_loss = (totals[:3] / max(float(totals[3]), 1.0)).float().to(device)
+
+    everything = _gather_to_rank0(records)
+    metrics = None
+    if everything is not None:
+        try:
+            unique = _unique(everything)
+            metrics = coco_metrics(unique, max_dets=max_det)
+            n_labels = sum(len(r.labels) for r in unique)
+            LOGGER.info(
+                f"val: {len(unique)} images, {n_labels} labels: P {metrics['precision']:.3f} "
+                f"R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} mAP50-95 {metrics['map']:.3f}"
+            )
+        except Exception as exc:  # every rank must still reach the broadcast, or the others hang
+            LOGGER.error(f"evaluate: COCO evaluation failed on rank 0 ({type(exc).__name__}: {exc})")
+            metrics = {"error": f"{type(exc).__name__}: {exc}"}
+    metrics = broadcast_object(metrics, src=0)
+    if "error" in metrics:
+        raise RuntimeError(f"COCO evaluation failed on rank 0: {metrics['error']}")
+    return {k: float(metrics.get(k, 0.0)) for k in empty_metrics()}, val_loss

@@ -1,0 +1,211 @@
+"""Box conversions, letterbox undoing and non-maximum suppression.
+
+The conversions accept torch tensors and numpy arrays alike and return a new object of
+the same kind; :func:`clip_boxes` and :func:`scale_boxes` work in place, as YOLOv5's do,
+and also return the boxes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import numpy as np
+import torch
+import torchvision
+
+Boxes = Union[torch.Tensor, np.ndarray]
+
+
+def _copy(x: Boxes) -> Boxes:
+    return x.clone() if isinstance(x, torch.Tensor) else np.copy(x)
+
+
+def xywh2xyxy(x: Boxes) -> Boxes:
+    """Centre, width, height to corners.
+
+    Examples:
+        >>> xywh2xyxy(torch.tensor([[10.0, 10.0, 4.0, 6.0]]))
+        tensor([[ 8.,  7., 12., 13.]])
+    """
+    y = _copy(x)
+    y[..., 0] = x[..., 0] - x[..., 2] / 2
+    y[..., 1] = x[..., 1] - x[..., 3] / 2
+    y[..., 2] = x[..., 0] + x[..., 2] / 2
+    y[..., 3] = x[..., 1] + x[..., 3] / 2
+    return y
+
+
+def xyxy2xywh(x: Boxes) -> Boxes:
+    """Corners to centre, width, height.
+
+    Examples:
+        >>> xyxy2xywh(np.array([[8.0, 7.0, 12.0, 13.0]]))
+        array([[10., 10.,  4.,  6.]])
+    """
+    y = _copy(x)
+    y[..., 0] = (x[..., 0] + x[..., 2]) / 2
+    y[..., 1] = (x[..., 1] + x[..., 3]) / 2
+    y[..., 2] = x[..., 2] - x[..., 0]
+    y[..., 3] = x[..., 3] - x[..., 1]
+    return y
+
+
+def xywhn2xyxy(x: Boxes, w: int = 640, h: int = 640, padw: float = 0, padh: float = 0) -> Boxes:
+    """Normalised centre, width, height to pixel corners in a (padded) w x h image.
+
+    Examples:
+        >>> xywhn2xyxy(torch.tensor([[0.5, 0.5, 0.25, 0.5]]), w=100, h=200)
+        tensor([[ 37.5000,  50.0000,  62.5000, 150.0000]])
+    """
+    y = _copy(x)
+    y[..., 0] = w * (x[..., 0] - x[..., 2] / 2) + padw
+    y[..., 1] = h * (x[..., 1] - x[..., 3] / 2) + padh
+    y[..., 2] = w * (x[..., 0] + x[..., 2] / 2) + padw
+    y[..., 3] = h * (x[..., 1] + x[..., 3] / 2) + padh
+    return y
+
+
+def xyxy2xywhn(x: Boxes, w: int = 640, h: int = 640, clip: bool = False, eps: float = 0.0) -> Boxes:
+    """Pixel corners to normalised centre, width, height; ``clip`` first clips to the image less ``eps``.
+
+    Examples:
+        >>> xyxy2xywhn(torch.tensor([[37.5, 50.0, 62.5, 150.0]]), w=100, h=200)
+        tensor([[0.5000, 0.5000, 0.2500, 0.5000]])
+    """
+    if clip:
+        x = clip_boxes(_copy(x), (h - eps, w - eps))
+    y = _copy(x)
+    y[..., 0] = ((x[..., 0] + x[..., 2]) / 2) / w
+    y[..., 1] = ((x[..., 1] + x[..., 3]) / 2) / h
+    y[..., 2] = (x[..., 2] - x[..., 0]) / w
+    y[..., 3] = (x[..., 3] - x[..., 1]) / h
+    return y
+
+
+def clip_boxes(boxes: Boxes, shape: tuple[float, float]) -> Boxes:
+    """Clip xyxy boxes in place to an image of ``shape`` = (height, width).
+
+    Examples:
+        >>> clip_boxes(torch.tensor([[-5.0, 2.0, 120.0, 90.0]]), (80, 100))
+        tensor([[  0.,   2., 100.,  80.]])
+    """
+    height, width = shape[0], shape[1]
+    if isinstance(boxes, torch.Tensor):
+        boxes[..., 0].clamp_(0, width)
+        boxes[..., 1].clamp_(0, height)
+        boxes[..., 2].clamp_(0, width)
+        boxes[..., 3].clamp_(0, height)
+    else:
+        boxes[..., [0, 2]] = boxes[..., [0, 2]].clip(0, width)
+        boxes[..., [1, 3]] = boxes[..., [1, 3]].clip(0, height)
+    return boxes
+
+
+def letterbox_params(img1_shape: tuple[int, int], img0_shape: tuple[int, int]) -> tuple[float, tuple[float, float]]:
+    """The gain and (left, top) padding that letterboxing an img0_shape image into img1_shape applied.
+
+    The padding splits like the letterbox's: the left/top side gets the rounded-down half.
+
+    Examples:
+        >>> letterbox_params((640, 640), (480, 640))
+        (1.0, (0, 80))
+    """
+    gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
+    pad_w = round((img1_shape[1] - img0_shape[1] * gain) / 2 - 0.1)
+    pad_h = round((img1_shape[0] - img0_shape[0] * gain) / 2 - 0.1)
+    return gain, (pad_w, pad_h)
+
+
+def scale_boxes(
+    img1_shape: tuple[int, int],
+    boxes: Boxes,
+    img0_shape: tuple[int, int],
+    ratio_pad: Any = None,
+) -> Boxes:
+    """Map xyxy boxes in place from the letterboxed image (img1_shape, (h, w)) back to the original (img0_shape).
+
+    Args:
+        img1_shape: (height, width) of the network input.
+        boxes: [n, >=4] xyxy boxes in network-input pixels; modified in place.
+        img0_shape: (height, width) of the original image.
+        ratio_pad: the loader's ``((h / h0, w / w0), (pad_w, pad_h))``; None recomputes it from the shapes.
+
+    Returns:
+        The same boxes, in original-image pixels, clipped to the image.
+
+    Examples:
+        >>> # a 320x640 image letterboxed to 640x640: scale 1, 160 px of padding on top
+        >>> scale_boxes((640, 640), torch.tensor([[10.0, 170.0, 110.0, 270.0]]), (320, 640))
+        tensor([[ 10.,  10., 110., 110.]])
+    """
+    if ratio_pad is None:
+        gain, pad = letterbox_params(img1_shape, img0_shape)
+    else:
+        gain, pad = ratio_pad[0][0], ratio_pad[1]
+    boxes[..., [0, 2]] -= pad[0]
+    boxes[..., [1, 3]] -= pad[1]
+    boxes[..., :4] /= gain
+    return clip_boxes(boxes, img0_shape)
+
+
+def non_max_suppression(
+    prediction: torch.Tensor | tuple | list,
+    conf_thres: float = 0.25,
+    iou_thres: float = 0.45,
+    classes: list[int] | None = None,
+    agnostic: bool = False,
+    multi_label: bool = False,
+    max_det: int = 300,
+    max_nms: int = 30000,
+) -> list[torch.Tensor]:
+    """Filter the model's eval output to detections per image with class-aware NMS.
+
+    Confidence is objectness x class score. With ``multi_label`` a box may be kept once per
+    class above ``conf_thres`` (as for mAP evaluation), else only for its best class.
+
+    Args:
+        prediction: ``[B, N, 5 + nc]`` (xywh, objectness, class scores), or the eval tuple ``(pred, raw)``.
+        conf_thres: minimum confidence kept.
+        iou_thres: IoU above which the lower-scoring box of the same class is suppressed.
+        classes: keep only these class indices.
+        agnostic: suppress across classes too.
+        multi_label: allow several labels per box.
+        max_det: most detections kept per image.
+        max_nms: most boxes (by confidence) passed into NMS per image.
+
+    Returns:
+        One ``[n, 6]`` tensor per image: x1, y1, x2, y2, confidence, class.
+
+    Examples:
+        >>> pred = torch.tensor([[[50.0, 50, 20, 20, 0.9, 0.9], [51, 50, 20, 20, 0.8, 0.9], [10, 10, 4, 4, 0.1, 1]]])
+        >>> non_max_suppression(pred, conf_thres=0.25)[0]
+        tensor([[40.0000, 40.0000, 60.0000, 60.0000,  0.8100,  0.0000]])
+    """
+    if isinstance(prediction, (list, tuple)):
+        prediction = prediction[0]
+    if not 0 <= conf_thres <= 1 or not 0 <= iou_thres <= 1:
+        raise ValueError(f"conf_thres={conf_thres} and iou_thres={iou_thres} must lie in [0, 1]")
+    nc = prediction.shape[2] - 5
+    multi_label &= nc > 1
+    output = [torch.zeros((0, 6), device=prediction.device) for _ in range(prediction.shape[0])]
+    for index, x in enumerate(prediction):
+        x = x[x[:, 4] > conf_thres]
+        if not x.shape[0]:
+            continue
+        scores = x[:, 5:] * x[:, 4:5]
+        box = xywh2xyxy(x[:, :4])
+        if multi_label:
+            i, j = (scores > conf_thres).nonzero(as_tuple=False).T
+            x = torch.cat((box[i], scores[i, j, None], j[:, None].float()), 1)
+        else:
+            conf, j = scores.max(1, keepdim=True)
+            x = torch.cat((box, conf, j.float()), 1)[conf.view(-1) > conf_thres]
+        if classes is not None:
+            x = x[(x[:, 5:6] == torch.tensor(classes, device=x.device)).any(1)]
+        if not x.shape[0]:
+            continue
+        x = x[x[:, 4].argsort(descending=True)[:max_nms]]
+        groups = torch.zeros_like(x[:, 5]) if agnostic else x[:, 5]
+        keep = torchvision.ops.batched_nms(x[:, :4].float(), x[:, 4].float(), groups, iou_thres)
+        output[index] = x[keep[:max_det]]
+    return output

@@ -1,0 +1,112 @@
+"""evaluate(): the val loop on hand-made batches, single-process and sharded over a real gloo group."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_utils.detect import ComputeLoss, evaluate
+from ddp_utils.detect.evaluate import batch_records
+from tests.multiproc import describe, launch
+from tests.workers.detect_scenarios import (
+    IMG,
+    ORIGINAL,
+    PredictionStub,
+    build_stub,
+    make_batches,
+    make_images,
+)
+
+
+def test_perfect_predictions_score_one_in_original_pixels():
+    images = make_images(5, jitter=0.0, misses=False)
+    stub = PredictionStub(images)
+    batches = make_batches(images, 2)
+    metrics, val_loss = evaluate(stub, batches)
+    assert metrics == {"precision": 1.0, "recall": 1.0, "map50": 1.0, "map": 1.0}
+    assert torch.equal(val_loss, torch.zeros(3))
+    as_float = [(imgs.float() / 255, *rest) for imgs, *rest in batches]  # already-scaled images work too
+    assert evaluate(stub, as_float)[0] == metrics
+
+
+def test_shifted_predictions_score_lower():
+    images = make_images(6, jitter=0.0, misses=False)
+    batches = make_batches(images, 3)
+    exact = evaluate(PredictionStub(images), batches)[0]
+    shifted_images = [(labels, dets + np.array([3.0, 0, 0, 0, 0, 0], np.float32)) for labels, dets in images]
+    shifted = evaluate(PredictionStub(shifted_images), batches)[0]
+    assert exact["map"] == 1.0 and shifted["map"] < exact["map"] and shifted["map50"] <= exact["map50"]
+    noisy_images = make_images(6, jitter=4.0, misses=True)
+    noisy = evaluate(PredictionStub(noisy_images), make_batches(noisy_images, 3))[0]
+    assert 0 < noisy["map"] < 1 and 0 < noisy["precision"] < 1 and 0 < noisy["recall"] < 1
+
+
+def test_records_undo_the_letterbox():
+    # one label and one detection at the same letterboxed box: (16, 24)-(48, 40) in the 64 px input
+    targets = torch.tensor([[0, 2, 0.5, 0.5, 0.5, 0.25]])
+    detection = [torch.tensor([[16.0, 24.0, 48.0, 40.0, 0.8, 2.0]])]
+    shapes = ((ORIGINAL, ((0.5, 0.5), (0, 8))),)
+    (record,) = batch_records(detection, targets, (IMG, IMG), ("a.jpg",), shapes)
+    expected = np.array([32.0, 32.0, 96.0, 64.0])  # (x - pad) / gain, in the 96 x 128 original
+    assert (record.height, record.width, record.key) == (96, 128, "a.jpg")
+    assert np.allclose(record.labels, [[2, *expected]]) and np.allclose(record.predictions[0, :4], expected)
+    (unpadded,) = batch_records(detection, targets, (IMG, IMG), ("a.jpg",), (None,))  # mosaic: no letterbox
+    assert np.allclose(unpadded.labels[0, 1:], [16, 24, 48, 40])
+
+
+def test_real_model_with_loss_and_mode_restored():
+    images = make_images(4)
+    model, compute_loss = build_stub(images)
+    model.train()
+    metrics, val_loss = evaluate(model, make_batches(images, 2), compute_loss=compute_loss)
+    assert model.training and set(metrics) == {"precision", "recall", "map50", "map"}
+    assert val_loss.shape == (3,) and (val_loss > 0).all()
+
+
+def test_empty_loader_and_no_detections():
+    images = make_images(3)
+    metrics, val_loss = evaluate(PredictionStub(images), [])
+    assert metrics == {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0} and val_loss.tolist() == [0, 0, 0]
+    silent = PredictionStub([(labels, np.zeros((0, 6), np.float32)) for labels, _ in images])
+    assert evaluate(silent, make_batches(images, 2))[0]["map"] == 0.0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_ranks_gather_the_single_process_metrics():
+    n_images, batch_size = 7, 2  # 4 batches: rank 0 gets 4 images, rank 1 gets 3
+    images = make_images(n_images)
+    model, compute_loss = build_stub(images)
+    expected, expected_loss = evaluate(model, make_batches(images, batch_size), compute_loss=compute_loss)
+    assert 0 < expected["map"] < 1
+
+    workers = launch("tests.workers.detect_scenarios:sharded_evaluate", 2, timeout=150, args=(n_images, batch_size))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    results = [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
+    assert [r["images"] for r in results] == [4, 3]
+    for result in results:
+        assert result["metrics"] == pytest.approx(expected, abs=1e-12), describe(workers)
+        assert result["val_loss"] == pytest.approx(expected_loss.tolist(), rel=1e-5)
+
+
+def test_a_model_that_learned_one_batch_detects_it():
+    """Decoding, NMS, box scaling and metrics agree with what the loss trains."""
+    from tests.detect.test_loss import HYP, rectangles_batch, tiny_model
+
+    model = tiny_model(width=0.125)
+    images, targets = rectangles_batch(batch=2, per_image=3)
+    batch = [((images * 255).round().to(torch.uint8), targets, ("a.jpg", "b.jpg"), (None, None))]
+    compute_loss = ComputeLoss(model, HYP)
+    untrained = evaluate(model, batch)[0]
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(150):
+        loss, _ = compute_loss(model(images), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    trained = evaluate(model, batch)[0]
+    assert model.training
+    assert trained["map50"] > 0.4 and trained["map50"] > untrained["map50"] + 0.3, (untrained, trained)
