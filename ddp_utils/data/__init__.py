@@ -1,0 +1,15 @@
+"""Datasets in the YOLO format: data yamls, labels and their cache, the synthetic default dataset."""
+
+from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
+from .synthetic import generate, make_shapes_dataset
+
+__all__ = [
+    "IMG_FORMATS",
+    "LabelSet",
+    "find_images",
+    "generate",
+    "img2label_paths",
+    "label_cache_path",
+    "load_labels",
+    "make_shapes_dataset",
+]

@@ -1,0 +1,486 @@
+"""Find images, verify them and their YOLO labels, and keep the result in a label cache.
+
+A dataset in the YOLO format keeps ``images/`` and ``labels/`` side by side: the label of
+``.../images/train/a.jpg`` is ``.../labels/train/a.txt``, one ``class xc yc w h`` row per
+object, normalised to 0-1. Rows with more columns are polygons (``class x1 y1 x2 y2 ...``)
+and become their bounding boxes.
+
+Verification reads each image's header and checks that the file is complete (a JPEG
+must end with its end-of-image marker, a PNG must pass its chunk checksums; other
+formats are decoded), so a truncated download is caught without decoding every image.
+Problems are reported by file and the image is left out; the user's files are never
+modified.
+
+The result is cached beside the labels (``labels/train.ddp.cache``): an ``.npz`` of plain
+arrays plus a JSON header holding a format version and a hash of the paths, sizes and
+modification times of every image and label. The cache is loaded with
+``allow_pickle=False``, so a stale, truncated or foreign file (YOLOv5's own pickled
+``.cache`` included) is rebuilt, never executed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from ..log import LOGGER
+
+IMG_FORMATS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
+CACHE_VERSION = 1
+CACHE_SUFFIX = ".ddp.cache"  # not YOLOv5's ".cache": both tools can keep their own cache side by side
+MIN_IMAGE_SIDE = 10
+COORD_TOLERANCE = 1e-3  # rounding in label exporters puts coordinates a hair outside 0-1
+_ORIENTATION_TAG = 0x0112
+_TRANSPOSED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+_PIL_FORMATS = {"jpeg", "mpo", "png", "bmp", "tiff", "webp"}
+_MEMORY_CACHE: dict[str, tuple[str, dict]] = {}  # cache path -> (hash, arrays) for read-only datasets
+
+
+@dataclass
+class LabelSet:
+    """The verified images of a dataset and their labels.
+
+    Attributes:
+        im_files: verified images (corrupt ones dropped), sorted absolute paths.
+        label_files: the label file of each image (it may not exist: no objects).
+        labels: float32 [n, 5] per image: class, xc, yc, w, h normalised; [0, 5] without objects.
+        shapes: int64 [N, 2]: (width, height) of each image as decoded, EXIF orientation applied.
+        segments: normalised polygons [k, 2] per object when the label file has polygons, else [].
+        counts: "found", "missing", "empty", "corrupt" images and "duplicates" rows dropped.
+        messages: one line per problem, naming the file.
+        cache_path: where the cache lives (or would live).
+        cache_loaded: the result came from the cache (on disk or, for a read-only dataset, memory).
+        cache_written: a new cache file was written.
+    """
+
+    im_files: list[str]
+    label_files: list[str]
+    labels: list[np.ndarray]
+    shapes: np.ndarray
+    segments: list[list[np.ndarray]]
+    counts: dict[str, int] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+    cache_path: Path | None = None
+    cache_loaded: bool = False
+    cache_written: bool = False
+
+
+def _is_image(path: str) -> bool:
+    return path.rpartition(".")[2].lower() in IMG_FORMATS
+
+
+def _images_in_dir(directory: Path) -> list[str]:
+    found = []
+    for dirpath, _, filenames in os.walk(directory, followlinks=True):
+        found.extend(os.path.join(dirpath, name) for name in filenames if _is_image(name))
+    return found
+
+
+def _images_in_list(list_file: Path) -> list[str]:
+    base = list_file.parent
+    found = []
+    for line in list_file.read_text().splitlines():
+        line = line.strip()
+        if line and _is_image(line):
+            path = Path(line).expanduser()
+            found.append(str(path if path.is_absolute() else base / path))
+    return found
+
+
+def find_images(source: str | Path | Sequence[str | Path], prefix: str = "") -> list[str]:
+    """List the images of a dataset split: a directory, a .txt list of paths, an image, or a list of these.
+
+    Directories are searched recursively; lines of a .txt list that are relative paths
+    resolve against the list's directory. Extensions match case-insensitively.
+
+    Args:
+        source: one source or a list of them.
+        prefix: put in front of error messages (e.g. ``"train: "``).
+
+    Returns:
+        Sorted, de-duplicated absolute paths.
+
+    Raises:
+        FileNotFoundError: a source does not exist, or no images were found; names the path.
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "a.JPG").write_bytes(b""), (d / "notes.md").write_text("")
+        >>> [pathlib.Path(p).name for p in find_images(d)]
+        ['a.JPG']
+    """
+    sources = [source] if isinstance(source, (str, Path)) else list(source)
+    found: list[str] = []
+    for item in sources:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found.extend(_images_in_dir(path))
+        elif path.is_file() and path.suffix.lower() == ".txt":
+            found.extend(_images_in_list(path))
+        elif path.is_file() and _is_image(path.name):
+            found.append(str(path))
+        else:
+            raise FileNotFoundError(f"{prefix}{path}: no such directory, image list (.txt) or image")
+    im_files = sorted({os.path.abspath(p) for p in found})
+    if not im_files:
+        where = ", ".join(str(s) for s in sources)
+        raise FileNotFoundError(f"{prefix}no images in {where} (looked for {', '.join(IMG_FORMATS)})")
+    return im_files
+
+
+def img2label_paths(im_files: Sequence[str]) -> list[str]:
+    """Map image paths to label paths: the last ``/images/`` becomes ``/labels/``, the suffix ``.txt``.
+
+    Examples:
+        >>> img2label_paths(["/data/coco/images/train/a.jpg"])
+        ['/data/coco/labels/train/a.txt']
+    """
+    images, labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    out = []
+    for im_file in im_files:
+        head, sep, tail = im_file.rpartition(images)
+        path = head + labels + tail if sep else im_file
+        out.append(os.path.splitext(path)[0] + ".txt")
+    return out
+
+
+def label_cache_path(im_files: Sequence[str]) -> Path:
+    """The cache file for these images: beside their labels directory, e.g. ``labels/train.ddp.cache``.
+
+    Examples:
+        >>> label_cache_path(["/data/coco/images/train/a.jpg"]).as_posix()
+        '/data/coco/labels/train.ddp.cache'
+    """
+    if not im_files:
+        raise ValueError("label_cache_path: no image files given")
+    labels_dir = Path(img2label_paths([im_files[0]])[0]).parent
+    return labels_dir.parent / (labels_dir.name + CACHE_SUFFIX)
+
+
+# --- verification of one image and its label -----------------------------------------------------
+
+
+def _jpeg_complete(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-2, os.SEEK_END)
+        return f.read(2) == b"\xff\xd9"
+
+
+def _image_size(im_file: str) -> tuple[int, int]:
+    """(width, height) as decoded, after checking that the file is a complete image."""
+    with Image.open(im_file) as im:
+        fmt = (im.format or "").lower()
+        if fmt not in _PIL_FORMATS:
+            raise ValueError(f"unsupported image format {im.format}")
+        width, height = im.size
+        orientation = im.getexif().get(_ORIENTATION_TAG, 1) if fmt in ("jpeg", "mpo", "tiff", "webp") else 1
+        if fmt in ("jpeg", "mpo"):
+            # Only a cut-off file lacks the end marker; bytes after it are harmless, so a
+            # file without it at the very end gets the full decode to decide.
+            if not _jpeg_complete(im_file):
+                im.load()
+        elif fmt == "png":
+            im.verify()  # walks every chunk and checks its CRC, without decompressing
+        else:
+            im.load()
+    if orientation in _TRANSPOSED_ORIENTATIONS:
+        width, height = height, width
+    return width, height
+
+
+def _parse_label(lb_file: str) -> tuple[np.ndarray, list[np.ndarray], str]:
+    """Read a label file: (boxes [n, 5], polygons, status) or raise ValueError naming the line."""
+    try:
+        with open(lb_file) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return np.zeros((0, 5), np.float32), [], "missing"
+    rows = [line.split() for line in text.splitlines()]
+    rows = [row for row in rows if row]
+    if not rows:
+        return np.zeros((0, 5), np.float32), [], "empty"
+    boxes = np.empty((len(rows), 5), np.float32)
+    polygons: list[np.ndarray] = []
+    has_polygons = any(len(row) > 5 for row in rows)
+    for i, row in enumerate(rows):
+        n = len(row)
+        if n != 5 and (n < 7 or n % 2 == 0):
+            raise ValueError(f"line {i + 1}: {n} columns, expected 5 (class xc yc w h) or an odd count >= 7 (polygon)")
+        try:
+            values = np.array(row, np.float32)
+        except ValueError:
+            bad = next(v for v in row if not _is_number(v))
+            raise ValueError(f"line {i + 1}: non-numeric value {bad!r}") from None
+        if not np.isfinite(values).all():
+            raise ValueError(f"line {i + 1}: non-finite value")
+        cls = values[0]
+        if cls < 0 or cls != int(cls):
+            raise ValueError(f"line {i + 1}: class {row[0]} is not a non-negative integer")
+        coords = values[1:]
+        if coords.min() < -COORD_TOLERANCE or coords.max() > 1 + COORD_TOLERANCE:
+            raise ValueError(f"line {i + 1}: coordinates outside 0-1 ({row[1:]})")
+        coords = coords.clip(0, 1)
+        if n == 5:
+            boxes[i] = values[0], *coords
+            if has_polygons:
+                xc, yc, w, h = coords
+                polygons.append(
+                    np.array(
+                        [
+                            [xc - w / 2, yc - h / 2],
+                            [xc + w / 2, yc - h / 2],
+                            [xc + w / 2, yc + h / 2],
+                            [xc - w / 2, yc + h / 2],
+                        ],
+                        np.float32,
+                    )
+                )
+        else:
+            polygon = coords.reshape(-1, 2)
+            (x0, y0), (x1, y1) = polygon.min(0), polygon.max(0)
+            boxes[i] = cls, (x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0
+            polygons.append(polygon)
+    return boxes, polygons, "found"
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _verify(pair: tuple[str, str]) -> tuple:
+    """Check one image and its label; returns (status, boxes, polygons, shape, duplicates, message)."""
+    im_file, lb_file = pair
+    try:
+        shape = _image_size(im_file)
+        if min(shape) < MIN_IMAGE_SIDE:
+            raise ValueError(f"image size {shape[0]}x{shape[1]} is below {MIN_IMAGE_SIDE} pixels")
+    except Exception as exc:
+        return "corrupt", None, None, None, 0, f"{im_file}: corrupt image, skipped ({_describe(exc)})"
+    try:
+        boxes, polygons, status = _parse_label(lb_file)
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        return "corrupt", None, None, None, 0, f"{lb_file}: bad label, image skipped ({_describe(exc)})"
+    duplicates, message = 0, ""
+    if len(boxes) > 1:
+        _, first = np.unique(boxes, axis=0, return_index=True)
+        if len(first) < len(boxes):
+            keep = np.sort(first)
+            duplicates = len(boxes) - len(keep)
+            boxes = boxes[keep]
+            polygons = [polygons[k] for k in keep] if polygons else polygons
+            message = f"{lb_file}: {duplicates} duplicate label row(s) removed"
+    return status, boxes, polygons, shape, duplicates, message
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+
+def _files_hash(im_files: Sequence[str], label_files: Sequence[str]) -> str:
+    digest = hashlib.sha256(f"ddp_utils labels v{CACHE_VERSION}\n".encode())
+    for path in (*im_files, *label_files):
+        try:
+            st = os.stat(path)
+            digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            digest.update(f"{path}\0-\n".encode())
+    return digest.hexdigest()
+
+
+def _pack(result: dict) -> dict[str, np.ndarray]:
+    """Flatten a scan result to plain numeric arrays and a JSON header."""
+    labels, segments = result["labels"], result["segments"]
+    polygons = [p for per_image in segments for p in per_image]
+    header = {k: result[k] for k in ("version", "hash", "im_files", "label_files", "counts", "messages")}
+    return {
+        "header": np.frombuffer(json.dumps(header).encode(), np.uint8),
+        "labels": np.concatenate(labels, 0) if labels else np.zeros((0, 5), np.float32),
+        "label_counts": np.array([len(lb) for lb in labels], np.int64),
+        "shapes": np.asarray(result["shapes"], np.int64).reshape(-1, 2),
+        "segment_counts": np.array([len(s) for s in segments], np.int64),
+        "polygon_lengths": np.array([len(p) for p in polygons], np.int64),
+        "points": np.concatenate(polygons, 0).astype(np.float32) if polygons else np.zeros((0, 2), np.float32),
+    }
+
+
+def _unpack(arrays: dict[str, np.ndarray]) -> dict:
+    header = json.loads(arrays["header"].tobytes().decode())
+    n = len(header["im_files"])
+    label_counts, segment_counts = arrays["label_counts"], arrays["segment_counts"]
+    shapes = arrays["shapes"]
+    if not (len(label_counts) == len(segment_counts) == len(shapes) == len(header["label_files"]) == n):
+        raise ValueError("cache arrays disagree in length")
+    labels = np.split(arrays["labels"].astype(np.float32), np.cumsum(label_counts)[:-1]) if n else []
+    polygons = np.split(arrays["points"].astype(np.float32), np.cumsum(arrays["polygon_lengths"])[:-1])
+    if not len(arrays["polygon_lengths"]):
+        polygons = []
+    segments, start = [], 0
+    for count in segment_counts:
+        segments.append(polygons[start : start + count])
+        start += count
+    return {**header, "labels": [lb.reshape(-1, 5) for lb in labels], "shapes": shapes, "segments": segments}
+
+
+def _read_cache(cache_path: Path, expected_hash: str) -> dict | None:
+    """The cached result when the file is ours, current and intact; None otherwise."""
+    try:
+        with np.load(cache_path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        result = _unpack(arrays)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # truncated, random bytes, a pickle, object arrays, a foreign layout
+        LOGGER.info(f"{cache_path}: not a usable label cache, rebuilding ({_describe(exc)})")
+        return None
+    if result.get("version") != CACHE_VERSION or result.get("hash") != expected_hash:
+        LOGGER.info(f"{cache_path}: label cache is out of date, rebuilding")
+        return None
+    return result
+
+
+def _write_cache(cache_path: Path, result: dict) -> bool:
+    """Write the cache atomically; False (and one warning) when the directory is read-only."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **_pack(result))
+    tmp = None
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{cache_path.name}.", suffix=".tmp", dir=cache_path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(buffer.getbuffer())
+        os.replace(tmp, cache_path)
+        return True
+    except OSError as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if str(cache_path) not in _MEMORY_CACHE:
+            LOGGER.warning(
+                f"{cache_path.parent}: cannot write the label cache ({_describe(exc)}); "
+                "keeping it in memory for this process"
+            )
+        _MEMORY_CACHE[str(cache_path)] = (result["hash"], result)
+        return False
+
+
+# --- the scan -----------------------------------------------------------------------------------
+
+
+def _scan(im_files: list[str], label_files: list[str], prefix: str, workers: int, desc: str) -> dict:
+    counts = {"found": 0, "missing": 0, "empty": 0, "corrupt": 0, "duplicates": 0}
+    kept_images, kept_labels, labels, shapes, segments, messages = [], [], [], [], [], []
+    show = LOGGER.isEnabledFor(logging.INFO)
+    workers = max(1, min(workers, os.cpu_count() or 1, len(im_files)))
+    with ThreadPool(workers) as pool:
+        results = pool.imap(_verify, zip(im_files, label_files), chunksize=64)
+        bar = tqdm(results, total=len(im_files), desc=desc, disable=not show, leave=True)
+        for im_file, lb_file, (status, boxes, polygons, shape, duplicates, message) in zip(im_files, label_files, bar):
+            counts[status] += 1
+            counts["duplicates"] += duplicates
+            if message:
+                messages.append(prefix + message)
+            if status != "corrupt":
+                kept_images.append(im_file)
+                kept_labels.append(lb_file)
+                labels.append(boxes)
+                shapes.append(shape)
+                segments.append(polygons)
+            bar.set_description(
+                f"{desc} {counts['found']} found, {counts['missing']} missing, "
+                f"{counts['empty']} empty, {counts['corrupt']} corrupt",
+                refresh=False,
+            )
+    return {
+        "version": CACHE_VERSION,
+        "im_files": kept_images,
+        "label_files": kept_labels,
+        "labels": labels,
+        "shapes": np.array(shapes, np.int64).reshape(-1, 2),
+        "segments": segments,
+        "counts": counts,
+        "messages": messages,
+    }
+
+
+def load_labels(
+    im_files: Sequence[str],
+    cache_path: str | Path | None = None,
+    prefix: str = "",
+    workers: int = 8,
+) -> LabelSet:
+    """Verify images and labels, or load the result from a current cache.
+
+    It does no distributed synchronisation itself: wrap the call in
+    ``torch_distributed_zero_first(local_rank)`` so that each node's first process
+    builds the cache and the others load it.
+
+    Args:
+        im_files: image paths (e.g. from :func:`find_images`).
+        cache_path: the cache file; None puts it beside the labels (:func:`label_cache_path`).
+        prefix: put in front of log lines and messages (e.g. ``"train: "``).
+        workers: threads that verify files.
+
+    Returns:
+        A :class:`LabelSet` of the verified images.
+
+    Raises:
+        FileNotFoundError: no image list was given, or not one image survived verification.
+    """
+    im_files = sorted(os.path.abspath(p) for p in im_files)
+    if not im_files:
+        raise FileNotFoundError(f"{prefix}load_labels: no image files given")
+    label_files = img2label_paths(im_files)
+    cache_path = Path(cache_path) if cache_path is not None else label_cache_path(im_files)
+    files_hash = _files_hash(im_files, label_files)
+
+    loaded, written = True, False
+    memory = _MEMORY_CACHE.get(str(cache_path))
+    result = memory[1] if memory is not None and memory[0] == files_hash else _read_cache(cache_path, files_hash)
+    if result is None:
+        loaded = False
+        result = _scan(im_files, label_files, prefix, workers, desc=f"{prefix}scanning {cache_path.parent}")
+        result["hash"] = files_hash
+        written = _write_cache(cache_path, result)
+
+    counts, messages = result["counts"], result["messages"]
+    for message in messages:
+        LOGGER.warning(message)
+    source = "cache" if loaded else "scan"
+    LOGGER.info(
+        f"{prefix}{len(im_files)} images ({source} {cache_path}): {counts['found']} found, "
+        f"{counts['missing']} missing, {counts['empty']} empty, {counts['corrupt']} corrupt, "
+        f"{counts['duplicates']} duplicate rows removed"
+    )
+    if not result["im_files"]:
+        raise FileNotFoundError(f"{prefix}no usable images among {len(im_files)} under {cache_path.parent}")
+    return LabelSet(
+        im_files=list(result["im_files"]),
+        label_files=list(result["label_files"]),
+        labels=list(result["labels"]),
+        shapes=np.asarray(result["shapes"], np.int64).reshape(-1, 2),
+        segments=[list(s) for s in result["segments"]],
+        counts=dict(counts),
+        messages=list(messages),
+        cache_path=cache_path,
+        cache_loaded=loaded,
+        cache_written=written,
+    )
