@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -18,6 +19,19 @@ import torch
 from ddp_utils.data import images
 from ddp_utils.data.images import DiskImageCache, SharedImageCache, load_image, normalize_cache, resized_shape
 from tests.multiproc import REPO_ROOT, describe, launch
+
+
+@pytest.fixture
+def ddp_log(caplog):
+    """caplog that sees the ddp_utils logger even after set_logging() stopped its propagation."""
+    from ddp_utils.log import LOGGER
+
+    old = LOGGER.level
+    LOGGER.addHandler(caplog.handler)
+    LOGGER.setLevel(logging.INFO)
+    yield caplog
+    LOGGER.removeHandler(caplog.handler)
+    LOGGER.setLevel(old)
 
 
 def write_images(directory: Path, sizes: list[tuple[int, int]], seed: int = 0) -> list[str]:
@@ -83,26 +97,23 @@ def test_shared_cache_matches_decoding_and_pickles_without_data(tmp_path):
     np.testing.assert_array_equal(clone[1], cache[1])
 
 
-def test_shared_cache_falls_back_to_disk_when_shm_is_small(tmp_path, monkeypatch, caplog):
+def test_shared_cache_falls_back_to_disk_when_shm_is_small(tmp_path, monkeypatch, ddp_log):
     files = write_images(tmp_path, [(80, 80), (60, 90)])
     real = images.disk_free
     monkeypatch.setattr(images, "disk_free", lambda d: 64 if str(d) == "/dev/shm" else real(d))
     monkeypatch.setattr(images, "_job_id", lambda: f"test-fallback-{os.getpid()}")
-    import logging
-
-    with caplog.at_level(logging.INFO, logger="ddp_utils"):
-        cache = SharedImageCache.build(files, shapes_of(files, 64), 64)
+    cache = SharedImageCache.build(files, shapes_of(files, 64), 64)
     assert cache is not None and not cache.path.startswith("/dev/shm")
-    assert "too small" in caplog.text
+    assert "too small" in ddp_log.text
     np.testing.assert_array_equal(cache[0], load_image(files[0], 64)[0])
     os.unlink(cache.path)
 
 
-def test_shared_cache_refuses_when_memory_is_short(tmp_path, monkeypatch, caplog):
+def test_shared_cache_refuses_when_memory_is_short(tmp_path, monkeypatch, ddp_log):
     files = write_images(tmp_path, [(80, 80)])
     monkeypatch.setattr(images, "mem_available", lambda: 1000)
     assert SharedImageCache.build(files, shapes_of(files, 64), 64) is None
-    assert "not caching images in RAM" in caplog.text
+    assert "not caching images in RAM" in ddp_log.text
 
 
 def test_shared_cache_file_removed_at_exit(tmp_path):
