@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, Union
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -230,7 +231,7 @@ class YoloDataset(Dataset):
         if len(labels):
             out[:, 1] = labels[:, 0]
             out[:, 2:] = boxes
-        chw = np.ascontiguousarray(img.transpose(2, 0, 1)[::-1])  # HWC BGR -> CHW RGB
+        chw = np.stack(cv2.split(img)[::-1])  # HWC BGR -> CHW RGB; cv2.split beats a strided numpy copy
         return torch.from_numpy(chw), torch.from_numpy(out), self.im_files[index], shapes
 
     @staticmethod
