@@ -96,3 +96,13 @@ def test_empty_label_set_is_refused(label_set):
     empty = replace(label_set, im_files=[], label_files=[], labels=[], shapes=np.zeros((0, 2)), messages=["x"])
     with pytest.raises(ValueError, match="no usable images"):
         YoloDataset(empty)
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_cached_items_equal_uncached(label_set, cache):
+    plain = YoloDataset(label_set, imgsz=96, augment=True, hyp=HYP)
+    cached = YoloDataset(label_set, imgsz=96, augment=True, hyp=HYP, cache=cache)
+    assert cached.cache is not None
+    for i in (0, 5):
+        a, b = plain[SampleKey(1, i, i)], cached[SampleKey(1, i, i)]
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
