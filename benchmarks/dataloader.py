@@ -252,6 +252,7 @@ def main() -> None:
     parser.add_argument("--label-size", type=int, nargs=2, default=(480, 640))
     parser.add_argument("--skip-ddp", action="store_true")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
 
     import cv2
 

@@ -12,6 +12,7 @@ its part of the final ``imgsz x imgsz`` image.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import cv2
@@ -256,24 +257,46 @@ def _tile_placement(k: int, xc: int, yc: int, h: int, w: int, s2: int) -> tuple[
     return x1a, y1a, x1b, y1b, x1b + (x2a - x1a), y1b + (y2a - y1a)
 
 
+def _tile_source(
+    img: np.ndarray, h: int, w: int, x1b: int, y1b: int, x2b: int, y2b: int
+) -> tuple[np.ndarray, np.ndarray]:
+    # The part of img that covers [x1b, x2b) x [y1b, y2b) of its (h, w) version, and the
+    # matrix from that part's pixels to the (h, w) version's.
+    rows, cols = img.shape[:2]
+    if (rows, cols) == (h, w):
+        place = np.array([[1, 0, x1b], [0, 1, y1b], [0, 0, 1]], np.float64)
+        return img[y1b:y2b, x1b:x2b], place
+    sx, sy = w / cols, h / rows
+    c1, r1 = int(x1b / sx), int(y1b / sy)
+    c2, r2 = min(math.ceil(x2b / sx), cols), min(math.ceil(y2b / sy), rows)
+    # pixel centres map as cv2.resize maps them: x' + 0.5 = s * (x + 0.5)
+    place = np.array([[sx, 0, sx * (c1 + 0.5) - 0.5], [0, sy, sy * (r1 + 0.5) - 0.5], [0, 0, 1]], np.float64)
+    return img[r1:r2, c1:c2], place
+
+
 def mosaic4(
     images: Sequence[np.ndarray],
     labels: Sequence[np.ndarray],
     imgsz: int,
     rng: np.random.Generator,
     hyp: Mapping[str, float],
+    sizes: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Four images around a random centre, with the random perspective, in one warp per tile.
 
     Equivalent to placing the tiles on a ``2 * imgsz`` canvas and warping that canvas to
-    ``imgsz`` (YOLOv5's mosaic then random_perspective), without the canvas.
+    ``imgsz`` (YOLOv5's mosaic then random_perspective), without the canvas. With
+    ``sizes``, the images may come straight from the decoder: the resize to each tile's
+    size is folded into the same warp, so it costs nothing extra.
 
     Args:
         images: four HWC images, long side about ``imgsz`` (read-only views are fine).
-        labels: four [n, 5] (class, x1, y1, x2, y2) arrays in each image's pixels.
+        labels: four [n, 5] (class, x1, y1, x2, y2) arrays in pixels of each tile's size.
         imgsz: output side.
         rng: the random generator.
         hyp: degrees, translate, scale, shear, perspective.
+        sizes: the (h, w) each image stands for (its long side resized to ``imgsz``);
+            None: the images' own shapes.
 
     Returns:
         (image [imgsz, imgsz, 3], labels [m, 5] in output pixels).
@@ -293,11 +316,12 @@ def mosaic4(
     out = np.full((s, s, images[0].shape[2]), PAD_COLOR[0], dtype=np.uint8)
     placed = []
     for k, (img, lab) in enumerate(zip(images, labels)):
-        h, w = img.shape[:2]
+        h, w = sizes[k] if sizes is not None else img.shape[:2]
         x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
         if x2b > x1b and y2b > y1b:
-            place = np.array([[1, 0, x1a], [0, 1, y1a], [0, 0, 1]], np.float64)
-            _warp_into(out, img[y1b:y2b, x1b:x2b], m @ place)
+            src, place = _tile_source(img, h, w, x1b, y1b, x2b, y2b)
+            shift = np.array([[1, 0, x1a - x1b], [0, 1, y1a - y1b], [0, 0, 1]], np.float64)
+            _warp_into(out, src, m @ shift @ place)
         lab = lab.copy()
         lab[:, [1, 3]] += x1a - x1b
         lab[:, [2, 4]] += y1a - y1b

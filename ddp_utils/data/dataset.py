@@ -30,7 +30,7 @@ from .augment import (
     xywhn_to_xyxy,
     xyxy_to_xywhn,
 )
-from .images import DiskImageCache, SharedImageCache, load_image, normalize_cache, resized_shape
+from .images import DiskImageCache, SharedImageCache, load_image, normalize_cache, read_image, resized_shape
 
 if TYPE_CHECKING:
     from .labels import LabelSet
@@ -174,12 +174,17 @@ class YoloDataset(Dataset):
     def load_mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """A 4-image mosaic around ``index`` with three random others, labels in pixel xyxy."""
         indices = rng.permutation([index, *rng.integers(0, len(self), 3)])
-        images, labels = [], []
-        for i in indices:
-            img, _, (h, w) = self.load_image(int(i))
+        images, labels, sizes = [], [], []
+        for i in map(int, indices):
+            if self.cache is None:  # decoded only: mosaic4 folds the resize into its warp
+                img = read_image(self.im_files[i])
+                h, w = resized_shape(*img.shape[:2], self.imgsz)
+            else:
+                img, _, (h, w) = self.load_image(i)
             images.append(img)
-            labels.append(self._pixel_labels(int(i), w, h))
-        return mosaic4(images, labels, self.imgsz, rng, self.hyp)
+            sizes.append((h, w))
+            labels.append(self._pixel_labels(i, w, h))
+        return mosaic4(images, labels, self.imgsz, rng, self.hyp, sizes)
 
     def _letterboxed(self, index: int, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Shapes]:
         img, (h0, w0), (h, w) = self.load_image(index)

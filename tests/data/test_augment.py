@@ -125,6 +125,23 @@ def test_mosaic_boxes_match_pixels(seed):
         np.testing.assert_allclose(seen, row[1:5], atol=2.5)
 
 
+def test_mosaic_folds_the_resize_into_the_warp():
+    s = 160
+    images, labels = mosaic_inputs(s, np.random.default_rng(4))
+    raw = [
+        cv2.resize(im, (im.shape[1] * 3 // 2, im.shape[0] * 3 // 2), interpolation=cv2.INTER_NEAREST) for im in images
+    ]
+    raw[1] = cv2.resize(images[1], (images[1].shape[1] // 2, images[1].shape[0] // 2), interpolation=cv2.INTER_AREA)
+    hyp = {"degrees": 0, "translate": 0.1, "scale": 0.5, "shear": 0}
+    sizes = [im.shape[:2] for im in images]
+    ref, ref_labels = mosaic4(images, labels, s, np.random.default_rng(2), hyp)
+    out, new = mosaic4(raw, labels, s, np.random.default_rng(2), hyp, sizes=sizes)
+    np.testing.assert_array_equal(new, ref_labels)
+    for row in new:
+        np.testing.assert_allclose(pixel_box(out, COLOURS[int(row[0])]), row[1:5], atol=2.5)
+    assert (np.abs(out.astype(int) - ref.astype(int)).max(2) > 60).mean() < 0.01
+
+
 def test_mosaic_equals_canvas_then_warp():
     """One warp per tile gives the 2x canvas + one warp of YOLOv5's mosaic, up to interpolation at seams."""
     s = 128
