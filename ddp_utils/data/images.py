@@ -28,6 +28,7 @@ from ..log import LOGGER
 
 CACHE_MODES = ("ram", "disk")
 _SHM_DIR = Path("/dev/shm")
+_BUFFER_PREFIX = "ddp_utils_images_"
 _HEADROOM = 1.1  # keep this much more free than the cache needs, for everything else
 
 
@@ -211,15 +212,16 @@ class SharedImageCache:
         """
         cache = cls("", shapes_hw)
         key = "\n".join([*map(str, im_files), f"imgsz={imgsz}", f"augment={augment}", _job_id()])
-        name = f"ddp_utils_images_{hashlib.sha256(key.encode()).hexdigest()[:20]}.bin"
-        candidates = [_SHM_DIR / name, Path(tempfile.gettempdir()) / name]
+        stem = f"{_BUFFER_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+        directories = [_SHM_DIR, Path(tempfile.gettempdir())]
         if not leader:
-            for path in candidates:
-                if path.is_file():
+            for directory in directories:
+                for path in sorted(directory.glob(f"{stem}.*.bin")):
                     cache.path = str(path)
                     return cache
             LOGGER.warning(f"{prefix}no shared image cache from the node's first process; caching nothing")
             return None
+        _remove_orphans(directories, prefix)
         need = cache.nbytes
         available = mem_available()
         if available is not None and need * _HEADROOM > available:
@@ -231,8 +233,9 @@ class SharedImageCache:
         directory = _pick_directory(need, prefix)
         if directory is None:
             return None
-        path = directory / name
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        # the creator's pid in the name lets a later job remove the buffer of one that was killed
+        path = directory / f"{stem}.{os.getpid()}.bin"
+        tmp = path.with_suffix(".tmp")
         try:
             _fill_buffer(tmp, cache, im_files, imgsz, augment, threads or os.cpu_count() or 1)
             os.replace(tmp, path)  # the name appears only once the buffer is complete
@@ -261,6 +264,26 @@ def _fill_buffer(
 
     _decode_all(im_files, imgsz, augment, put, threads)
     buffer.flush()
+
+
+def _remove_orphans(directories: Sequence[Path], prefix: str) -> None:
+    # A job killed with SIGKILL never runs its atexit: its buffer would hold RAM (tmpfs) for good.
+    removed = 0
+    for directory in directories:
+        for path in directory.glob(f"{_BUFFER_PREFIX}*.*.*"):
+            pid = path.name.split(".")[1]
+            if not pid.isdigit() or path.suffix not in (".bin", ".tmp"):
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    removed += 1
+            except PermissionError:  # alive, another user's
+                pass
+    if removed:
+        LOGGER.info(f"{prefix}removed {removed} image cache buffer(s) left by jobs that are gone")
 
 
 def _pick_directory(need: int, prefix: str) -> Path | None:

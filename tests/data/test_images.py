@@ -193,3 +193,18 @@ def test_ram_cache_one_copy_per_node(tmp_path):
     assert 0.9 * buffer_kib < mapped < 1.1 * buffer_kib, (mapped, buffer_kib)  # one copy, split in two
     assert total < 1.5 * buffer_kib, (total, buffer_kib)  # two private copies would be 2x
     assert not Path(recs[0]["path"]).exists()  # removed when the node's first process left
+
+
+def test_buffers_of_dead_jobs_are_removed(tmp_path, monkeypatch):
+    files = write_images(tmp_path / "img", [(40, 40)])
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(images, "_SHM_DIR", shm)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = shm / f"ddp_utils_images_0123456789abcdef0123.{dead.stdout.strip()}.bin"
+    orphan.write_bytes(b"x" * 100)
+    alive = shm / f"ddp_utils_images_0123456789abcdef0124.{os.getpid()}.bin"
+    alive.write_bytes(b"x" * 100)
+    cache = SharedImageCache.build(files, shapes_of(files, 32), 32)
+    assert cache is not None and Path(cache.path).parent == shm
+    assert not orphan.exists() and alive.exists()
