@@ -154,3 +154,5 @@ def test_two_processes_shards_epochs_and_label_cache(tmp_path):
         assert r["sums"][1] == r["sums"][2]  # the same augmentation as a fresh loader's epoch 1
     val = recs[0]["val"] + recs[1]["val"]
     assert len(val) == len(set(val)) == 9
+    rect = recs[0]["rect"] + recs[1]["rect"]
+    assert len(rect) == 10 and set(rect) == set(val)  # 9 images padded to 2 x 5

@@ -53,6 +53,9 @@ def shards(root: str, workers: str = "1") -> None:
     fresh1, fresh_sum1 = _epoch(fresh, 1)
     val_loader, _ = create_val_dataloader(f"{root}/images/val", 64, 4, 32, rank=info.local_rank, workers=0)
     val = [p for _, _, paths, _ in val_loader for p in paths]
+    # rect training batches on padded shards: every batch must stack (one shape per batch)
+    rect_loader, _ = create_dataloader(f"{root}/images/val", 64, 4, 32, rect=True, rank=info.local_rank, workers=0)
+    rect = [p for _, _, paths, _ in rect_loader for p in paths]
     record = {
         "rank": info.rank,
         "cache_written": bool(dataset.label_cache_written),
@@ -63,6 +66,7 @@ def shards(root: str, workers: str = "1") -> None:
         "fresh1": fresh1,
         "sums": [sum0, sum1, fresh_sum1],
         "val": val,
+        "rect": rect,
         "n": len(dataset),
     }
     print(json.dumps(record))
