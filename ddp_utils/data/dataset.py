@@ -188,8 +188,10 @@ class YoloDataset(Dataset):
 
     def _letterboxed(self, index: int, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Shapes]:
         img, (h0, w0), (h, w) = self.load_image(index)
-        shape = self.batch_shapes[batch if batch >= 0 else self.batch_index[index]] if self.rect else self.imgsz
-        shape = tuple(int(v) for v in shape) if self.rect else shape
+        if self.rect:
+            shape = tuple(int(v) for v in self.batch_shapes[batch if batch >= 0 else self.batch_index[index]])
+        else:
+            shape = self.imgsz
         img, ratio, pad = letterbox(img, shape, auto=False, scaleup=self.augment)
         shapes = ((h0, w0), ((h / h0 * ratio[1], w / w0 * ratio[0]), pad))
         labels = self._pixel_labels(index, ratio[0] * w, ratio[1] * h, pad[0], pad[1])
