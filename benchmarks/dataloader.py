@@ -120,11 +120,11 @@ def clear_caches(images: Path) -> None:
         p.unlink()
 
 
-def loader_rate(images: Path, workers: int, cache: str | None, imgsz: int, batch: int, rank: int = -1) -> dict:
+def build_loader(images: Path, workers: int, cache: str | None, imgsz: int, batch: int, rank: int = -1):
     from ddp_utils.data.loader import create_dataloader
 
     t = time.perf_counter()
-    loader, dataset = create_dataloader(
+    loader, _ = create_dataloader(
         images,
         imgsz,
         batch,
@@ -137,20 +137,56 @@ def loader_rate(images: Path, workers: int, cache: str | None, imgsz: int, batch
         shuffle=True,
         seed=0,
     )
-    build = time.perf_counter() - t
-    loader.set_epoch(0)
-    for _ in loader:  # warm-up: workers start, page cache fills
-        pass
-    loader.set_epoch(1)
-    n, t = 0, time.perf_counter()
-    for imgs, *_ in loader:
-        n += imgs.shape[0]
-    seconds = time.perf_counter() - t
-    loader.close()
-    return {"images_per_s": n / seconds, "build_s": build, "workers": loader.num_workers}
+    return loader, time.perf_counter() - t
 
 
-def _decode_samples(args: tuple[list[str], int, int, int]) -> int:
+def epoch_rate(loader, epoch: int) -> tuple[float, float]:
+    """(images per second, CPU milliseconds per image) over one epoch, in steady state.
+
+    The workers persist between epochs and prefetch ``2 * workers`` batches of the next
+    one while idle: those are skipped, and the clocks start when they have been taken.
+    CPU time (this process and its workers) is what a shared, noisy machine cannot
+    inflate: it is the cost of an image, whatever else runs.
+    """
+    skip = 2 * loader.num_workers
+    loader.set_epoch(epoch)
+    n, t, cpu = 0, time.perf_counter(), process_cpu()
+    for k, (imgs, *_) in enumerate(loader):
+        if k < skip:
+            t, cpu = time.perf_counter(), process_cpu()
+        else:
+            n += imgs.shape[0]
+    return n / (time.perf_counter() - t), (process_cpu() - cpu) * 1000 / max(n, 1)
+
+
+def process_cpu() -> float:
+    """CPU seconds of this process and its live children (the loader's workers)."""
+    ticks = sum(cpu_ticks(c) for c in children(os.getpid()))
+    return time.process_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def wait_until_workers_idle(limit: float = 20.0) -> None:
+    """Wait until this process's children (loader workers done prefetching) stop using CPU."""
+    deadline = time.monotonic() + limit
+    before = sum(cpu_ticks(c) for c in children(os.getpid()))
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = sum(cpu_ticks(c) for c in children(os.getpid()))
+        if now == before:
+            return
+        before = now
+
+
+def _decode_samples(args: tuple[list[str], int, int, int]) -> tuple[int, float]:
     import cv2
 
     from ddp_utils.data.images import resize_long_side
@@ -158,22 +194,22 @@ def _decode_samples(args: tuple[list[str], int, int, int]) -> int:
     files, imgsz, samples, seed = args
     cv2.setNumThreads(1)
     rng = np.random.default_rng(seed)
+    cpu = time.process_time()
     for _ in range(samples):
         for i in rng.integers(0, len(files), 4):
             resize_long_side(cv2.imread(files[i]), imgsz, augment=True)
-    return samples
+    return samples, time.process_time() - cpu
 
 
-def decode_bound(images: Path, imgsz: int, samples: int, processes: int) -> float:
-    files = sorted(str(p) for p in images.glob("*.jpg"))
-    _decode_samples((files, imgsz, 4, 99))  # warm the page cache path
+def decode_bound(files: list[str], imgsz: int, samples: int, pool: ProcessPoolExecutor | None) -> tuple[float, float]:
+    """(mosaic samples per second, CPU ms per sample) when a process only decodes and resizes 4 images."""
     t = time.perf_counter()
-    if processes == 1:
-        done = _decode_samples((files, imgsz, samples, 0))
+    if pool is None:
+        results = [_decode_samples((files, imgsz, samples, int(t)))]
     else:
-        with ProcessPoolExecutor(processes) as pool:
-            done = sum(pool.map(_decode_samples, [(files, imgsz, samples // processes, p) for p in range(processes)]))
-    return done / (time.perf_counter() - t)
+        results = list(pool.map(_decode_samples, [(files, imgsz, samples // 2, int(t) + p) for p in range(2)]))
+    done = sum(r[0] for r in results)
+    return done / (time.perf_counter() - t), sum(r[1] for r in results) * 1000 / done
 
 
 def label_cache_times(root: Path, n: int, size: tuple[int, int]) -> dict:
@@ -197,45 +233,42 @@ def label_cache_times(root: Path, n: int, size: tuple[int, int]) -> dict:
     return {"n": n, "cold_s": cold_s, "warm_s": warm_s}
 
 
-def ddp_worker(images: str, imgsz: int, batch: int, workers: int, cache: str) -> None:
-    """One rank of the 2-process job (started by :func:`ddp_memory`)."""
+def memory_worker(images: str, imgsz: int, batch: int, workers: int, cache: str) -> None:
+    """One process of a memory run: a rank of a 2-process gloo job, or a single process."""
     import torch
 
     import ddp_utils as du
 
     torch.set_num_threads(1)
     info = du.init_distributed(backend="gloo")
-    with MemorySampler() as mem:
-        rate = loader_rate(Path(images), workers, cache if cache != "none" else None, imgsz, batch, info.local_rank)
+    with MemorySampler(every=0.5) as mem:
+        loader, _ = build_loader(
+            Path(images), workers, None if cache == "none" else cache, imgsz, batch, info.local_rank
+        )
+        rate = epoch_rate(loader, 0)[0]
         du.barrier()
-    print(
-        json.dumps({"rank": info.rank, **rate, "pss": mem.peak_pss, "tree_pss": mem.peak_tree_pss, "rss": mem.peak_rss})
-    )
+    record = {"rank": max(info.rank, 0), "rate": rate, "pss": mem.peak_pss, "tree": mem.peak_tree_pss}
+    print(json.dumps({**record, "rss": mem.peak_rss}))
     du.cleanup()
 
 
-def ddp_memory(images: Path, imgsz: int, batch: int, workers: int, cache: str) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def memory_run(images: Path, imgsz: int, batch: int, workers: int, cache: str, nprocs: int) -> list[dict]:
+    """Start ``nprocs`` fresh processes (a gloo job when 2) and collect their peak memory."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     procs = []
-    for rank in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
+    for rank in range(nprocs):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if nprocs > 1:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         code = (
-            f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks.dataloader import ddp_worker; "
-            f"ddp_worker({str(images)!r}, {imgsz}, {batch}, {workers}, {cache!r})"
+            f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks.dataloader import memory_worker; "
+            f"memory_worker({str(images)!r}, {imgsz}, {batch}, {workers}, {cache!r})"
         )
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=900)[0] for p in procs]
+    outs = [p.communicate(timeout=1200)[0] for p in procs]
     return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
@@ -248,9 +281,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--caches", nargs="+", default=["none", "ram", "disk"])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     parser.add_argument("--label-n", type=int, nargs="+", default=[500, 5000])
     parser.add_argument("--label-size", type=int, nargs=2, default=(480, 640))
-    parser.add_argument("--skip-ddp", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
 
@@ -261,71 +295,91 @@ def main() -> None:
     set_logging(rank=0, verbose=False)
     cv2.setNumThreads(1)
     images = make_dataset(args.root / f"loader_{args.n}_{args.size[0]}_{args.size[1]}", args.n, tuple(args.size))
+    files = sorted(str(p) for p in images.glob("*.jpg"))
     clear_caches(images)
-    samples = max(args.n // 2, 50)
-    bound1 = decode_bound(images, args.imgsz, samples, 1)
-    bound2 = decode_bound(images, args.imgsz, samples, 2)
-    rows = []
-    for cache in args.caches:
-        for workers in args.workers:
-            with MemorySampler() as mem:
-                r = loader_rate(images, workers, None if cache == "none" else cache, args.imgsz, args.batch)
-            bound = bound1 if workers == 0 else bound2
-            rows.append(
-                (
-                    workers,
-                    cache,
-                    r["images_per_s"],
-                    r["images_per_s"] / bound,
-                    r["build_s"],
-                    mem.peak_rss,
-                    mem.peak_tree_pss,
-                )
-            )
+    configs = [(w, c) for c in args.caches for w in args.workers]
+    loaders, builds = {}, {}
+    for w, c in configs:  # build every loader first, then measure them round-robin under the same load
+        loaders[w, c], builds[w, c] = build_loader(images, w, None if c == "none" else c, args.imgsz, args.batch)
+        epoch_rate(loaders[w, c], 0)  # warm-up: workers start, caches fill
+        wait_until_workers_idle()
+    rates = {k: [] for k in configs}
+    bounds = {k: [] for k in configs}
+    samples = max(min(args.n // 8, 64), 16)
+    with ProcessPoolExecutor(2) as pool:
+        pool.submit(int, 0).result()
+        for r in range(args.rounds):
+            for w, c in configs:
+                # the decode bound right before each epoch, so both see the same machine load; no
+                # loader's workers may still be prefetching, or they would slow whatever runs now
+                wait_until_workers_idle()
+                bounds[w, c].append(decode_bound(files, args.imgsz, samples, None if w == 0 else pool))
+                wait_until_workers_idle()
+                rates[w, c].append(epoch_rate(loaders[w, c], 1 + r))
+    for loader in loaders.values():
+        loader.close()
+
     print(
         f"\n### Training loader, {args.n} images of {args.size[0]}-{args.size[1]} px, imgsz {args.imgsz}, "
-        f"batch {args.batch}, all-mosaic hyp, {os.cpu_count()} CPUs\n"
+        f"batch {args.batch}, all-mosaic hyp, {os.cpu_count()} CPUs, median of {args.rounds} interleaved rounds\n"
     )
+    print("Decode bound: cv2.imread + resize of the 4 images a mosaic needs (1 process for workers 0, 2 for 2),")
+    print("measured right before each loader epoch. CPU ms/img counts the main process and its workers;")
+    print("idle-machine img/s = processes x 1000 / CPU ms (what the same code does on 2 free cores).\n")
     print(
-        f"Decode bound (imread + resize of 4 images per sample): 1 process {bound1:.1f} img/s, "
-        f"2 processes {bound2:.1f} img/s\n"
+        "| workers | cache | img/s (wall) | CPU ms/img | idle-machine img/s | decode CPU ms/img | "
+        "decode / loader CPU | vs no cache (CPU) | build s |"
     )
-    print("| workers | cache | img/s | vs decode bound | build s | peak RSS main MiB | peak PSS main+workers MiB |")
-    print("|---|---|---|---|---|---|---|")
-    for w, c, rate, ratio, build, rss, pss in rows:
-        print(f"| {w} | {c} | {rate:.1f} | {ratio:.2f}x | {build:.1f} | {rss / 1024:.0f} | {pss / 1024:.0f} |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    cpu = {k: float(np.median([x[1] for x in v])) for k, v in rates.items()}
+    for w, c in configs:
+        wall = float(np.median([x[0] for x in rates[w, c]]))
+        decode_cpu = float(np.median([b[1] for b in bounds[w, c]]))
+        ratio = float(np.median([b[1] / x[1] for b, x in zip(bounds[w, c], rates[w, c])]))
+        base = cpu.get((w, "none"))
+        vs = f"{base / cpu[w, c]:.2f}x" if base else "-"
+        idle = max(w, 1) * 1000 / cpu[w, c]
+        print(
+            f"| {w} | {c} | {wall:.1f} | {cpu[w, c]:.1f} | {idle:.0f} | {decode_cpu:.1f} | {ratio:.2f} | {vs} | "
+            f"{builds[w, c]:.1f} |"
+        )
 
-    print("\n### Label cache\n")
+    print("\n### Label cache (load_labels)\n")
     print("| images | cold build s | warm start s |")
     print("|---|---|---|")
     for n in args.label_n:
-        t = label_cache_times(
-            args.root / f"labels_{n}_{args.label_size[0]}_{args.label_size[1]}", n, tuple(args.label_size)
-        )
+        size = tuple(args.label_size)
+        t = label_cache_times(args.root / f"labels_{n}_{size[0]}_{size[1]}", n, size)
         print(f"| {n} | {t['cold_s']:.2f} | {t['warm_s']:.3f} |")
 
-    if not args.skip_ddp:
-        print("\n### Memory with the RAM cache: 1 process vs 2-process DDP (workers 2)\n")
-        with MemorySampler() as mem:
-            single = loader_rate(images, 2, "ram", args.imgsz, args.batch)
-        ranks = ddp_memory(images, args.imgsz, args.batch, 2, "ram")
-        buffer = sum(np.prod(s) for s in _resized(images, args.imgsz)) * 3 / 2**20
-        print(f"RAM cache buffer: {buffer:.0f} MiB\n")
-        print("| job | process | img/s | peak RSS MiB | peak PSS (process) MiB | peak PSS (with workers) MiB |")
-        print("|---|---|---|---|---|---|")
+    if args.skip_memory:
+        return
+    buffer = sum(h * w for h, w in _resized(images, args.imgsz)) * 3 / 2**20
+    print(f"\n### Peak memory, fresh processes, workers 2 (RAM cache buffer: {buffer:.0f} MiB)\n")
+    print("| job | cache | process | img/s | peak RSS MiB | peak PSS MiB | peak PSS with workers MiB |")
+    print("|---|---|---|---|---|---|---|")
+    node = {}
+    for nprocs in (1, 2):
+        for cache in ("none", "ram"):
+            recs = memory_run(images, args.imgsz, args.batch, 2, cache, nprocs)
+            job = "single" if nprocs == 1 else "DDP x2"
+            for r in recs:
+                print(
+                    f"| {job} | {cache} | rank {r['rank']} | {r['rate']:.1f} | {r['rss'] / 1024:.0f} | "
+                    f"{r['pss'] / 1024:.0f} | {r['tree'] / 1024:.0f} |"
+                )
+            node[nprocs, cache] = sum(r["tree"] for r in recs) / 1024
+            if nprocs > 1:
+                print(
+                    f"| {job} | {cache} | node | {sum(r['rate'] for r in recs):.1f} | "
+                    f"{sum(r['rss'] for r in recs) / 1024:.0f} | {sum(r['pss'] for r in recs) / 1024:.0f} | "
+                    f"{node[nprocs, cache]:.0f} |"
+                )
+    for nprocs in (1, 2):
+        extra = node[nprocs, "ram"] - node[nprocs, "none"]
         print(
-            f"| single | main | {single['images_per_s']:.1f} | {mem.peak_rss / 1024:.0f} | "
-            f"{mem.peak_pss / 1024:.0f} | {mem.peak_tree_pss / 1024:.0f} |"
-        )
-        for r in ranks:
-            print(
-                f"| DDP x2 | rank {r['rank']} | {r['images_per_s']:.1f} | {r['rss'] / 1024:.0f} | "
-                f"{r['pss'] / 1024:.0f} | {r['tree_pss'] / 1024:.0f} |"
-            )
-        node = sum(r["tree_pss"] for r in ranks) / 1024
-        print(
-            f"| DDP x2 | node (sum) | {sum(r['images_per_s'] for r in ranks):.1f} | "
-            f"{sum(r['rss'] for r in ranks) / 1024:.0f} | {sum(r['pss'] for r in ranks) / 1024:.0f} | {node:.0f} |"
+            f"\nRAM cache cost per node, {nprocs} process(es): {extra:.0f} MiB of PSS "
+            f"= {extra / buffer:.2f} x the buffer (one copy per process would be {nprocs}x)"
         )
 
 

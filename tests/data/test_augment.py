@@ -139,7 +139,7 @@ def test_mosaic_folds_the_resize_into_the_warp():
     np.testing.assert_array_equal(new, ref_labels)
     for row in new:
         np.testing.assert_allclose(pixel_box(out, COLOURS[int(row[0])]), row[1:5], atol=2.5)
-    assert (np.abs(out.astype(int) - ref.astype(int)).max(2) > 60).mean() < 0.01
+    assert (np.abs(out.astype(int) - ref.astype(int)).max(2) > 60).mean() < 0.03  # edges, <= 1 px apart
 
 
 def test_mosaic_equals_canvas_then_warp():

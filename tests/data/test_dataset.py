@@ -105,6 +105,9 @@ def test_cached_items_equal_uncached(label_set, cache):
     assert cached.cache is not None
     for i in (0, 5):
         a, b = plain[SampleKey(1, i, i)], cached[SampleKey(1, i, i)]
+        other = plain[SampleKey(2, i, i)]
         assert torch.equal(a[1], b[1])
-        # uncached mosaics resize inside the tile warp, cached ones before it: a rounding apart
-        assert (a[0].float() - b[0].float()).abs().mean() < 3.0
+        # uncached mosaics resize inside the tile warp, cached ones before it: the same picture up
+        # to sub-pixel placement, far closer than another draw of the same image
+        same = (a[0].float() - b[0].float()).abs().mean()
+        assert same < 0.3 * (a[0].float() - other[0].float()).abs().mean()
