@@ -215,10 +215,10 @@ class SharedImageCache:
         stem = f"{_BUFFER_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:20]}"
         directories = [_SHM_DIR, Path(tempfile.gettempdir())]
         if not leader:
-            for directory in directories:
-                for path in sorted(directory.glob(f"{stem}.*.bin")):
-                    cache.path = str(path)
-                    return cache
+            found = [p for d in directories for p in d.glob(f"{stem}.*.bin")]
+            if found:  # the newest: an older one can only be a dead job's that reused this port
+                cache.path = str(max(found, key=lambda p: p.stat().st_mtime_ns))
+                return cache
             LOGGER.warning(f"{prefix}no shared image cache from the node's first process; caching nothing")
             return None
         _remove_orphans(directories, prefix)
