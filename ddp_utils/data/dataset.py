@@ -238,7 +238,8 @@ class YoloDataset(Dataset):
         if len(labels):
             out[:, 1] = labels[:, 0]
             out[:, 2:] = boxes
-        chw = np.stack(cv2.split(img)[::-1])  # HWC BGR -> CHW RGB; cv2.split beats a strided numpy copy
+        chw = np.empty((3, *img.shape[:2]), np.uint8)
+        cv2.split(img, [chw[2], chw[1], chw[0]])  # HWC BGR -> CHW RGB in one pass, no strided numpy copy
         return torch.from_numpy(chw), torch.from_numpy(out), self.im_files[index], shapes
 
     @staticmethod
