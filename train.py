@@ -147,12 +147,14 @@ def main(opt: argparse.Namespace) -> None:
     du.set_logging(info.rank)
     check_opt(opt, info)
     du.init_distributed()
+    finished = False
     try:
         device = du.select_device(opt.device, batch_size=opt.batch_size)
         opt, ckpt = resolve_run(opt, info)
         train(opt, device, info, ckpt)
+        finished = True
     finally:
-        du.cleanup()
+        du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
 
 
 def train(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt: dict | None) -> dict:
@@ -359,7 +361,11 @@ def train(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
             if preemption.requested_anywhere():
                 # the epoch is incomplete: save the previous one's state so resume redoes this epoch
                 save_run(last, model, ema, optimizer, scaler, epoch - 1, best_fitness, opt, hyp)
-                du.LOGGER.warning(f"SIGTERM: saved {last} at epoch {epoch}; resume with --resume {last}")
+                if main_process:
+                    du.LOGGER.warning(
+                        f"stopped by a signal during epoch {epoch + 1}: saved {last}; "
+                        f"continue with: python train.py --resume {last}"
+                    )
                 break
 
             # ---- validate on every rank's shard with the EMA weights; rank 0 computes mAP ----

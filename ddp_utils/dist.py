@@ -354,15 +354,23 @@ def _attempt_store(info: DistInfo, timeout: timedelta) -> Any | None:
     return dist.PrefixStore(f"ddp_utils/attempt{info.restart_count}", agent_store)
 
 
-def cleanup() -> None:
-    """Leave the process group together and destroy it; safe to call twice.
+def cleanup(wait: bool = True) -> None:
+    """Leave the process group (together, by default) and destroy it; safe to call twice.
 
-    The barrier first keeps rank 0, which hosts the rendezvous store under torchrun and
-    env://, from leaving while another rank still reads from it.
+    Args:
+        wait: meet the other ranks in a barrier first, which keeps rank 0 (the host of the
+            rendezvous store under env://) from leaving while another rank still reads from
+            it. Pass False when leaving on an error: the others may be inside another
+            collective, and a barrier would hang both sides until the timeout; leaving at
+            once makes their collective fail promptly instead.
+
+    Examples:
+        >>> cleanup()  # no process group: nothing to do
     """
     if is_dist_initialized():
-        with contextlib.suppress(Exception):  # a peer already gone: destroy anyway
-            barrier()
+        if wait:
+            with contextlib.suppress(Exception):  # a peer already gone: destroy anyway
+                barrier()
         dist.destroy_process_group()
 
 

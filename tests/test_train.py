@@ -14,7 +14,7 @@ import pytest
 
 from ddp_utils.engine import load_checkpoint
 
-from .multiproc import REPO_ROOT, collect, describe, free_port, kill_tree, worker_env
+from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, kill_tree, worker_env
 
 TINY = {"n_train": 32, "n_val": 16, "size": "[128, 160]", "imgsz": 128}
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -243,3 +243,29 @@ def test_local_rank_argument_is_accepted_and_ignored():
         sys.path.pop(0)
     assert train.parse_opt(["--local_rank", "3"]).local_rank == 3
     assert train.parse_opt(["--local-rank=1"]).local_rank == 1
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_sigterm_saves_a_checkpoint_and_every_process_exits(tmp_path, nproc):
+    data = tiny_data_yaml(tmp_path)
+    args = train_args(data, tmp_path / "runs", "--epochs", "50")
+    proc = start(torchrun(2, *args) if nproc == 2 else [sys.executable, *args], train_env())
+    last = tmp_path / "runs" / "run" / "weights" / "last.pt"
+    wait_for_file(last, proc, 300)
+    saved_epoch = load_checkpoint(last)["epoch"]
+    workers = descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)
+    start_time = time.monotonic()
+    (result,) = collect([proc], start_time, 90, "SIGTERM to the job")
+    assert time.monotonic() - start_time < 60, describe([result])
+    # a single process exits 0; torchrun's agent reports the signal with exit code 1 (see README)
+    assert result.returncode == (0 if nproc == 1 else 1), describe([result])
+    assert "stopped by a signal during epoch" in result.stderr
+    # no rank died of an error on the way out (torchrun prefixes a rank's traceback with [rankN]:)
+    assert "[rank0]:" not in result.stderr and "[rank1]:" not in result.stderr
+    assert nproc == 2 or "Traceback" not in result.stderr
+    assert load_checkpoint(last)["epoch"] >= saved_epoch  # the newest state, whole
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "processes outlived the job"

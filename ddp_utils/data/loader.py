@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -135,6 +136,14 @@ class _EpochStream:
         return len(self.sampler)
 
 
+def _init_worker(worker_id: int) -> None:
+    # A preemption SIGTERM reaches the whole process group; the training process catches it
+    # to save and stop at the end of the step, so its workers must not die under it mid-batch.
+    # They stop when the loader shuts them down, or by themselves when their parent is gone.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    seed_worker(worker_id)
+
+
 class EpochLoader:
     """A loader whose workers live across epochs; ``set_epoch(e)`` always gives epoch ``e``.
 
@@ -163,7 +172,7 @@ class EpochLoader:
             num_workers=num_workers,
             collate_fn=collate_fn,
             pin_memory=pin_memory,
-            worker_init_fn=seed_worker,
+            worker_init_fn=_init_worker,
             generator=loader_generator(seed, rank),
         )
         self._iterator: Iterator | None = None

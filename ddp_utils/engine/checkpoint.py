@@ -371,7 +371,8 @@ def restore_training(
             while an optimizer was given.
     """
     epoch = int(ckpt.get("epoch", -1))
-    if optimizer is not None and (epoch < 0 or ckpt.get("optimizer") is None):
+    # epoch -1 with an optimizer state is a run stopped during its first epoch: resumable
+    if optimizer is not None and ckpt.get("optimizer") is None:
         raise CheckpointError(
             "this checkpoint cannot resume training: it was stripped (no optimizer state, epoch -1); "
             "start a new run with it as pretrained weights instead"
