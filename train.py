@@ -117,29 +117,47 @@ def check_opt(opt: argparse.Namespace, info: du.DistInfo) -> None:
 def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Namespace, dict | None]:
     """Pick the run directory and, when resuming, the checkpoint to continue from.
 
-    An elastic restart (torchrun --max-restarts) resumes the same run by itself.
+    Rank 0 decides and tells the others. An elastic restart (torchrun --max-restarts)
+    resumes its own run by itself, found by a key of this launch recorded in opt.yaml.
     """
-    run_key = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{info.master_addr}:{info.master_port}"
+    run_key = launch_key(info)
     last = None
-    if opt.resume:
-        last = Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
-        if last is None:
-            raise SystemExit(f"--resume: no {opt.project}/*/weights/last.pt to resume; give the path")
-    elif info.restart_count > 0:
-        last = latest_checkpoint(opt.project, run_key=run_key)
-        if last is None:
-            du.LOGGER.warning(f"elastic restart {info.restart_count}: no last.pt of this run yet, starting over")
+    if info.is_main:
+        if opt.resume:
+            last = Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
+        elif info.restart_count > 0:
+            last = latest_checkpoint(opt.project, run_key=run_key)
+            if last is None:
+                du.LOGGER.warning(f"elastic restart {info.restart_count}: no last.pt of this run yet, starting over")
+    last = du.broadcast_object(str(last) if last else None)
+    if opt.resume and last is None:
+        raise SystemExit(f"--resume: no {opt.project}/*/weights/last.pt to resume; give the path")
     if last is not None:
-        ckpt = load_checkpoint(last)
+        # nodes without a shared file system get rank 0's copy
+        if all(du.all_gather_object(Path(last).is_file())):
+            ckpt = load_checkpoint(last)
+        else:
+            ckpt = du.broadcast_object(load_checkpoint(last) if info.is_main else None)
         resumed = argparse.Namespace(**ckpt["opt"])
-        resumed.resume, resumed.weights, resumed.run_key = str(last), str(last), run_key
+        resumed.resume, resumed.weights, resumed.run_key = last, last, run_key
         resumed.save_dir = str(Path(last).parent.parent)
-        du.LOGGER.info(f"resuming {resumed.save_dir} from epoch {ckpt['epoch'] + 1}")
+        du.LOGGER.info(f"resuming {resumed.save_dir} from epoch {ckpt['epoch'] + 2}")
         return resumed, ckpt
     opt.run_key = run_key
     save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True) if info.is_main else None
     opt.save_dir = str(du.broadcast_object(save_dir))
     return opt, None
+
+
+def launch_key(info: du.DistInfo) -> str:
+    """A name for this launch that survives elastic restarts but not a new launch.
+
+    torchrun's agent keeps one directory per launch for its workers' error files
+    (TORCHELASTIC_ERROR_FILE = <dir>/attempt_N/<rank>/error.json); rank 0's names the launch.
+    """
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    agent_dir = str(Path(error_file).parents[2]) if error_file and len(Path(error_file).parents) > 2 else ""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{info.master_addr}:{info.master_port}/{agent_dir}"
 
 
 def main(opt: argparse.Namespace) -> None:
