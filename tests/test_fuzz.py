@@ -12,6 +12,7 @@ import copy
 import os
 import pickle
 import shutil
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -339,6 +340,25 @@ def test_data_yaml_generators_outside_ddp_utils_are_not_run(tmp_path: Path, down
         check_dataset(file)
     assert str(file) in str(info.value)
     assert not marker.exists()
+
+
+@FUZZ
+@given(download=st.from_regex(r"[A-Za-z_][\w.]{0,12}:[A-Za-z_]\w{0,8}", fullmatch=True))
+def test_no_generator_outside_ddp_utils_is_imported(tiny_dataset: Path, download: str) -> None:
+    module = download.split(":")[0]
+    if module == "ddp_utils" or module.startswith("ddp_utils."):
+        return
+    CASES["bad inputs (download generators)"] += 1
+    already = set(sys.modules)
+    file = tiny_dataset / f"gen-{uuid.uuid4().hex[:8]}.yaml"
+    file.write_text(yaml.safe_dump({"train": "missing", "val": "missing", "names": ["a"], "download": download}))
+    try:
+        with pytest.raises(DataConfigError, match="outside ddp_utils") as info:
+            check_dataset(file)
+    finally:
+        file.unlink()
+    assert str(file) in str(info.value)
+    assert set(sys.modules) == already, f"importing {module} ran its code"
 
 
 class _Exploit:
