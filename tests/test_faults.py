@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -146,6 +147,25 @@ def test_loader_worker_on_a_corrupt_image_names_the_file(tmp_path):
         for _ in loader:
             pass
     assert str(victim) in str(info.value), f"the error does not name {victim}: {info.value!r}"
+
+
+@pytest.mark.timeout(120)
+def test_loader_worker_killed_mid_epoch_is_an_error_not_a_hang(tmp_path):
+    # what the kernel's OOM killer does to a worker that grew too large
+    psutil = pytest.importorskip("psutil")
+    loader_module = pytest.importorskip("ddp_utils.data.loader", reason="needs the data loader (branch data-b)")
+    root = make_shapes_dataset(tmp_path / "shapes", n_train=16, n_val=1, size=(64, 96))
+    loader, _ = loader_module.create_dataloader(str(root / "images" / "train"), 64, 2, 32, workers=2)
+    killed = []
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid \d+\) .*killed by signal") as info:
+        for epoch in range(3):  # the workers are reused across epochs: kill one in the second
+            loader.set_epoch(epoch)
+            for i, _batch in enumerate(loader):
+                if epoch == 1 and i == 1:
+                    worker = psutil.Process().children()[0]
+                    killed.append(worker.pid)
+                    os.kill(worker.pid, signal.SIGKILL)
+    assert killed and str(killed[0]) in str(info.value)
 
 
 # --- a disk that fills up during a checkpoint save ------------------------------------------------
