@@ -73,6 +73,8 @@ def zero_first_cache_rounds(root: str, rounds: str = "50") -> None:
     of the LabelSet it got.
     """
     torch.set_num_threads(1)
+    if hasattr(os, "sched_setaffinity"):  # oversubscribed on any machine: all ranks share two cores
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
     info = du.init_distributed(backend="gloo", timeout=120)
     images = sorted(str(p) for p in (Path(root) / f"node{info.node_rank}" / "images" / "train").glob("*.jpg"))
     cache = Path(root) / f"node{info.node_rank}" / "labels" / "train.cache"
