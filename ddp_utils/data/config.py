@@ -51,6 +51,7 @@ DATASETS_DIR_ENV = "DDP_UTILS_DATASETS_DIR"
 # Module prefixes, comma-separated, whose generators a yaml's ``download`` may name besides ddp_utils'.
 TRUSTED_GENERATORS_ENV = "DDP_UTILS_TRUSTED_GENERATORS"
 _SPLITS = ("train", "val", "test")
+MAX_CLASSES = 100_000  # ImageNet-21k has 21,841; far beyond any detection dataset
 _GENERATOR = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _CHUNK = 1 << 20
 
@@ -103,6 +104,8 @@ def _normalise_names(data: dict[str, Any], where: str) -> dict[int, str]:
     names, nc = data.get("names"), data.get("nc")
     if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or nc < 1):
         raise DataConfigError(f"{where}: key 'nc' must be a positive integer, got {nc!r}")
+    if nc is not None and nc > MAX_CLASSES:  # placeholder names for a typo'd 10**12 would never finish
+        raise DataConfigError(f"{where}: key 'nc' is {nc}, more than {MAX_CLASSES} classes; check the value")
     if names is None:
         if nc is None:
             raise DataConfigError(f"{where}: key 'names' is missing (a list of class names, or nc)")
