@@ -113,6 +113,7 @@ SCALARS = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-5, 100),
+    st.sampled_from([10**6, 10**12, 2**63, -(2**63)]),  # nc: 10**12 once built 10**12 placeholder names
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
     st.sampled_from([".", "..", "/", "images/train", "~", "nope/", "a.txt", "0", "-1"]),
@@ -172,6 +173,19 @@ def test_any_data_yaml_text_gives_a_dict_or_an_error_naming_the_file(tiny_datase
         _check_data_yaml(file)
     finally:
         file.unlink()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("nc", [10**6, 10**12, 2**63])
+def test_absurd_class_count_is_refused_at_once(tmp_path: Path, nc: int) -> None:
+    # without names, check_dataset once built nc placeholder names: 10**12 ran until memory ran out
+    CASES["bad inputs (class counts)"] += 1
+    (tmp_path / "images").mkdir()
+    file = tmp_path / "data.yaml"
+    file.write_text(f"train: images\nval: images\nnc: {nc}\n")
+    with pytest.raises(DataConfigError, match=rf"key 'nc' is {nc}, more than") as info:
+        check_dataset(file, autodownload=False)
+    assert str(file) in str(info.value)
 
 
 # --- model yamls ---------------------------------------------------------------------------------
