@@ -175,6 +175,20 @@ def test_any_data_yaml_text_gives_a_dict_or_an_error_naming_the_file(tiny_datase
         file.unlink()
 
 
+@FUZZ
+@given(content=st.one_of(YAML_TEXT, st.dictionaries(st.text(max_size=8), VALUES, max_size=6).map(yaml.safe_dump)))
+def test_any_hyp_yaml_gives_numbers_or_an_error_naming_the_file(tmp_path_factory, content: str) -> None:
+    CASES["hyp yamls"] += 1
+    file = tmp_path_factory.mktemp("hyps") / "hyp.fuzz.yaml"
+    file.write_text(content, encoding="utf-8", errors="surrogatepass")
+    try:
+        hyp = load_hyp(file)
+    except DataConfigError as exc:
+        assert str(file) in str(exc), f"the error does not name {file}: {exc}"
+        return
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in hyp.values())
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("nc", [10**6, 10**12, 2**63])
 def test_absurd_class_count_is_refused_at_once(tmp_path: Path, nc: int) -> None:
