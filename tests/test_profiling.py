@@ -361,3 +361,16 @@ def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
     table = run.stdout[run.stdout.index("forward/backward of ResNet") :].splitlines()
     assert table[1].split()[:3] == ["rank", "op", "device"]
     assert [line.split()[:3] for line in table[2:4]] == [["0", "ResNet", "cpu"], ["1", "ResNet", "cpu"]]
+
+
+def test_cli_profiles_the_detector_from_its_yaml():
+    cmd = [sys.executable, "-m", "ddp_utils.profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu"]
+    cmd += ["--n", "1"]
+    env = worker_env(0, 1, free_port())
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(name)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # the exact yolov5n architecture, and 3 detection levels at strides 8, 16, 32
+    assert "Model summary: 270 layers, 1,872,157 parameters" in proc.stdout
+    assert "(1, 3, 8, 8, 85), (1, 3, 4, 4, 85), (1, 3, 2, 2, 85)" in proc.stdout

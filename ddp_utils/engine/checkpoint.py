@@ -400,3 +400,34 @@ def restore_training(
     if scaler is not None and ckpt.get("scaler") is not None:
         scaler.load_state_dict(ckpt["scaler"])
     return epoch + 1, float(ckpt.get("best_fitness", 0.0))
+
+
+def latest_checkpoint(project: str | Path, run_key: str | None = None) -> Path | None:
+    """The newest ``<project>/<run>/weights/last.pt``, for ``--resume`` without a path.
+
+    Args:
+        project: the directory that holds the runs (``runs/train``).
+        run_key: when given, only runs whose ``opt.yaml`` records this ``run_key`` count: an
+            elastic restart finds its own run, never another job's in the same project.
+
+    Returns:
+        The path, or None when there is none.
+
+    Examples:
+        >>> latest_checkpoint("no/such/project") is None
+        True
+    """
+    import yaml  # lazy: only resuming needs it
+
+    candidates = sorted(Path(project).glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in candidates:
+        if run_key is None:
+            return candidate
+        opt_file = candidate.parent.parent / "opt.yaml"
+        try:
+            recorded = (yaml.safe_load(opt_file.read_text()) or {}).get("run_key")
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if recorded == run_key:
+            return candidate
+    return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import random
 import signal
 import subprocess
@@ -249,3 +250,20 @@ def test_train_model_weights_resume_exactly_and_are_stripped(tmp_path):
 
     strip_optimizer(path)
     assert "train_model" not in load_checkpoint(path)
+
+
+def test_latest_checkpoint_finds_the_newest_or_the_run_with_the_key(tmp_path):
+    from ddp_utils.engine import latest_checkpoint
+
+    for name, key, age in (("exp", "job-a", 30), ("exp2", "job-b", 20), ("exp3", None, 10)):
+        weights = tmp_path / name / "weights"
+        weights.mkdir(parents=True)
+        (weights / "last.pt").write_bytes(b"x")
+        if key:
+            (tmp_path / name / "opt.yaml").write_text(f"run_key: {key}\n")
+        stamp = time.time() - age
+        os.utime(weights / "last.pt", (stamp, stamp))
+    assert latest_checkpoint(tmp_path) == tmp_path / "exp3" / "weights" / "last.pt"
+    assert latest_checkpoint(tmp_path, run_key="job-a") == tmp_path / "exp" / "weights" / "last.pt"
+    assert latest_checkpoint(tmp_path, run_key="job-z") is None
+    assert latest_checkpoint(tmp_path / "missing") is None
