@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from tests.multiproc import describe, launch
 from tests.workers.fault_scenarios import labelset_digest
 
 SCENARIOS = "tests.workers.fault_scenarios"
+PEER_GONE = r"Connection (closed|reset) by peer|Broken pipe"
 
 
 def records(workers) -> dict[int, dict]:
@@ -60,8 +62,8 @@ def test_rank_raising_before_a_collective_ends_every_process_promptly(collective
     seen = records(workers)
     for rank in {0, 1, 2} - {failing_rank}:
         assert workers[rank].returncode == 3, output  # it left the collective with an exception
-        # gloo names the cause: the peer's connection closed
-        assert "Connection closed by peer" in seen[rank]["error"], output
+        # gloo names the cause: the peer's connection closed (or was reset, when data was in flight)
+        assert re.search(PEER_GONE, seen[rank]["error"]), output
         assert seen[rank]["seconds"] < 30, output
 
 
@@ -74,7 +76,7 @@ def test_uncaught_collective_error_exits_every_rank_nonzero():
     assert [w.returncode for w in workers] == [1, 1, 1], output
     assert "[rank0]: ValueError: rank 0: injected failure before barrier" in workers[0].stderr, output
     for w in workers[1:]:
-        assert f"[rank{w.rank}]: RuntimeError" in w.stderr and "Connection closed by peer" in w.stderr, output
+        assert f"[rank{w.rank}]: RuntimeError" in w.stderr and re.search(PEER_GONE, w.stderr), output
     assert max(w.seconds for w in workers) < 60, output
 
 
