@@ -1,0 +1,286 @@
+"""The YOLO-format detection dataset, its rectangular batch shapes and its collate functions.
+
+A sample's augmentation depends only on (seed, epoch, slot, index): the samplers in
+``loader.py`` hand the dataset :class:`SampleKey` tuples, and the dataset seeds a fresh
+``np.random.Generator`` from them, so the same epoch gives the same images whatever the
+number of workers, the rank that draws it, or how often the workers were restarted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple, Union
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..seed import derive_seed
+from .augment import (
+    augment_hsv,
+    flip_lr,
+    flip_ud,
+    hyp_value,
+    letterbox,
+    mixup,
+    mosaic4,
+    random_perspective,
+    rect_batch_shapes,
+    xywhn_to_xyxy,
+    xyxy_to_xywhn,
+)
+from .images import DiskImageCache, SharedImageCache, load_image, normalize_cache, read_image, resized_shape
+
+if TYPE_CHECKING:
+    from .labels import LabelSet
+
+Shapes = Union[tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]], None]
+
+
+class SampleKey(NamedTuple):
+    """What a sampler asks the dataset for: one image, in one place of one epoch.
+
+    Attributes:
+        epoch: the epoch, part of the augmentation seed.
+        slot: position in the epoch's global order (all ranks), part of the seed, so an
+            image drawn twice in one epoch is augmented twice differently.
+        index: the image.
+        batch: the rectangular batch (index into ``dataset.batch_shapes``), -1 for the image's default.
+    """
+
+    epoch: int
+    slot: int
+    index: int
+    batch: int = -1
+
+
+class YoloDataset(Dataset):
+    """Images and labels of a :class:`~ddp_utils.data.labels.LabelSet`, resized, augmented, letterboxed.
+
+    ``dataset[i]`` (or ``dataset[SampleKey(...)]``) returns ``(img, labels, path, shapes)``:
+    a contiguous RGB ``uint8`` tensor [3, H, W]; float32 labels [n, 6] of (0, class, xc, yc,
+    w, h) normalised to H, W (column 0 is filled with the batch index by :func:`collate_fn`);
+    the image path; and ``shapes``, None for a mosaic, else ``((h0, w0), ((h / h0, w / w0),
+    (pad_w, pad_h)))`` to map boxes back to the original image.
+
+    Args:
+        label_set: verified images and labels (``load_labels``).
+        imgsz: long side of the images fed to the model.
+        batch_size: per-process batch size, for the default rectangular batches.
+        augment: random perspective, HSV, flips, and mosaic/mixup (unless ``rect``).
+        hyp: augmentation hyperparameters with YOLOv5's names.
+        rect: letterbox each batch to its own stride-multiple shape; images sorted by aspect.
+        image_weights: the sampler draws images by weight (single process).
+        cache: "ram" (or True): one shared copy per node; "disk": .npy files; False: none.
+        single_cls: every class becomes 0.
+        stride: the model's largest stride.
+        pad: extra rectangular padding, in strides.
+        prefix: log prefix.
+        seed: base of every sample's augmentation seed.
+        local_rank: this process's rank on its node (-1 single); the node's first builds the RAM cache.
+    """
+
+    def __init__(
+        self,
+        label_set: LabelSet,
+        imgsz: int = 640,
+        batch_size: int = 16,
+        augment: bool = False,
+        hyp: dict | None = None,
+        rect: bool = False,
+        image_weights: bool = False,
+        cache: bool | str | None = False,
+        single_cls: bool = False,
+        stride: int = 32,
+        pad: float = 0.0,
+        prefix: str = "",
+        seed: int = 0,
+        local_rank: int = -1,
+    ) -> None:
+        if len(label_set.im_files) == 0:
+            raise ValueError(f"{prefix}no usable images: {label_set.messages[:3]}")
+        self.imgsz, self.stride, self.pad = int(imgsz), int(stride), float(pad)
+        self.augment, self.rect, self.image_weights = augment, rect, image_weights
+        self.hyp = dict(hyp or {})
+        self.mosaic = augment and not rect  # a mosaic has no aspect ratio to keep
+        self.seed, self.epoch, self.prefix = int(seed), 0, prefix
+        self.im_files = list(label_set.im_files)
+        self.label_files = list(label_set.label_files)
+        self.labels = [np.asarray(lb, dtype=np.float32).reshape(-1, 5).copy() for lb in label_set.labels]
+        if single_cls:
+            for lb in self.labels:
+                lb[:, 0] = 0
+        self.shapes = np.asarray(label_set.shapes, dtype=np.int64).reshape(-1, 2)  # (w, h) as decoded
+        if rect:
+            order = np.argsort(self.shapes[:, 1] / self.shapes[:, 0], kind="stable")
+            self.im_files = [self.im_files[i] for i in order]
+            self.label_files = [self.label_files[i] for i in order]
+            self.labels = [self.labels[i] for i in order]
+            self.shapes = self.shapes[order]
+        n = len(self.im_files)
+        self.set_batches([range(i, min(i + batch_size, n)) for i in range(0, n, batch_size)])
+        self.cache = self._build_cache(normalize_cache(cache), local_rank)
+
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+    def resized_shapes(self) -> np.ndarray:
+        """[N, 2] (h, w) of every image once its long side is ``imgsz``."""
+        return np.array([resized_shape(int(h), int(w), self.imgsz) for w, h in self.shapes], dtype=np.int64)
+
+    def _build_cache(self, mode: str | None, local_rank: int) -> SharedImageCache | DiskImageCache | None:
+        if mode == "ram":
+            return SharedImageCache.build(
+                self.im_files, self.resized_shapes(), self.imgsz, self.augment, local_rank in (-1, 0), self.prefix
+            )
+        if mode == "disk":
+            cache = DiskImageCache(self.im_files, self.resized_shapes(), self.imgsz, self.augment)
+            if local_rank in (-1, 0):  # the others run after it (zero_first) and find every file fresh
+                cache.build(self.prefix)
+            return cache
+        return None
+
+    def set_batches(self, batches: Sequence[Sequence[int]]) -> None:
+        """Set the rectangular batches (index lists); batch ``b`` is letterboxed to ``batch_shapes[b]``.
+
+        The loader calls this with the batches every rank will form, so that the images
+        of one batch share a shape even when the sampler pads a shard with repeats.
+        """
+        self.batch_index = np.zeros(len(self), dtype=np.int64)
+        for b, idx in enumerate(batches):
+            self.batch_index[list(idx)] = b
+        aspect = self.shapes[:, 1] / self.shapes[:, 0]
+        self.batch_shapes = rect_batch_shapes(aspect, batches, self.imgsz, self.stride, self.pad)
+
+    def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        """Image ``i`` resized (long side ``imgsz``), from the cache when there is one.
+
+        Returns:
+            (img BGR, possibly a read-only view; (h0, w0); (h, w)).
+        """
+        if self.cache is None:
+            return load_image(self.im_files[i], self.imgsz, self.augment)
+        img = self.cache[i]
+        w0, h0 = self.shapes[i]
+        return img, (int(h0), int(w0)), img.shape[:2]
+
+    def _pixel_labels(self, i: int, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
+        labels = self.labels[i].copy()
+        if len(labels):
+            labels[:, 1:] = xywhn_to_xyxy(labels[:, 1:], w, h, padw, padh)
+        return labels
+
+    def load_mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """A 4-image mosaic around ``index`` with three random others, labels in pixel xyxy."""
+        indices = rng.permutation([index, *rng.integers(0, len(self), 3)])
+        images, labels, sizes = [], [], []
+        for i in map(int, indices):
+            if self.cache is None:  # decoded only: mosaic4 folds the resize into its warp
+                img = read_image(self.im_files[i])
+                h, w = resized_shape(*img.shape[:2], self.imgsz)
+            else:
+                img, _, (h, w) = self.load_image(i)
+            images.append(img)
+            sizes.append((h, w))
+            labels.append(self._pixel_labels(i, w, h))
+        return mosaic4(images, labels, self.imgsz, rng, self.hyp, sizes)
+
+    def _letterboxed(self, index: int, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Shapes]:
+        img, (h0, w0), (h, w) = self.load_image(index)
+        if self.rect:
+            shape = tuple(int(v) for v in self.batch_shapes[batch if batch >= 0 else self.batch_index[index]])
+        else:
+            shape = self.imgsz
+        img, ratio, pad = letterbox(img, shape, auto=False, scaleup=self.augment)
+        shapes = ((h0, w0), ((h / h0 * ratio[1], w / w0 * ratio[0]), pad))
+        labels = self._pixel_labels(index, ratio[0] * w, ratio[1] * h, pad[0], pad[1])
+        if self.augment:
+            hyp = self.hyp
+            img, labels = random_perspective(
+                img,
+                labels,
+                rng,
+                degrees=hyp_value(hyp, "degrees"),
+                translate=hyp_value(hyp, "translate"),
+                scale=hyp_value(hyp, "scale"),
+                shear=hyp_value(hyp, "shear"),
+                perspective=hyp_value(hyp, "perspective"),
+            )
+        return img, labels, shapes
+
+    def __getitem__(self, item: int | SampleKey | tuple) -> tuple[torch.Tensor, torch.Tensor, str, Shapes]:
+        if isinstance(item, tuple):
+            key = SampleKey(*item)
+        else:
+            key = SampleKey(self.epoch, int(item), int(item))
+        index = key.index
+        rng = np.random.default_rng(derive_seed(self.seed, key.epoch, key.slot, index))
+        hyp = self.hyp
+        if self.mosaic and rng.random() < hyp_value(hyp, "mosaic"):
+            img, labels = self.load_mosaic(index, rng)
+            shapes = None
+            if rng.random() < hyp_value(hyp, "mixup"):
+                img2, labels2 = self.load_mosaic(int(rng.integers(0, len(self))), rng)
+                img, labels = mixup(img, labels, img2, labels2, rng)
+        else:
+            img, labels, shapes = self._letterboxed(index, key.batch, rng)
+        boxes = xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0]) if len(labels) else np.zeros((0, 4))
+        if self.augment:
+            if not img.flags.writeable:
+                img = img.copy()
+            augment_hsv(img, hyp_value(hyp, "hsv_h"), hyp_value(hyp, "hsv_s"), hyp_value(hyp, "hsv_v"), rng)
+            if rng.random() < hyp_value(hyp, "flipud"):
+                img, boxes = flip_ud(img, boxes)
+            if rng.random() < hyp_value(hyp, "fliplr"):
+                img, boxes = flip_lr(img, boxes)
+        out = np.zeros((len(labels), 6), dtype=np.float32)
+        if len(labels):
+            out[:, 1] = labels[:, 0]
+            out[:, 2:] = boxes
+        chw = np.empty((3, *img.shape[:2]), np.uint8)
+        cv2.split(img, [chw[2], chw[1], chw[0]])  # HWC BGR -> CHW RGB in one pass, no strided numpy copy
+        return torch.from_numpy(chw), torch.from_numpy(out), self.im_files[index], shapes
+
+    @staticmethod
+    def collate_fn(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
+        """Stack images; concatenate labels with column 0 set to the image's index in the batch."""
+        imgs, labels, paths, shapes = zip(*batch)
+        for i, lb in enumerate(labels):
+            lb[:, 0] = i
+        return torch.stack(imgs, 0), torch.cat(labels, 0), paths, shapes
+
+    @staticmethod
+    def collate_fn4(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
+        """Quad collate: every 4 images become one of twice the size (a 2x2 grid, or one upsampled).
+
+        The choice between grid and upsampling is drawn from torch's generator, which
+        ``seed_worker`` seeds per worker.
+        """
+        imgs, labels, paths, shapes = zip(*batch)
+        n = len(batch) // 4
+        if n == 0:
+            raise ValueError(f"quad collate needs batches of at least 4 images, got {len(batch)}")
+        out_imgs, out_labels = [], []
+        y_off = torch.tensor([[0.0, 0, 0, 1, 0, 0]])
+        x_off = torch.tensor([[0.0, 0, 1, 0, 0, 0]])
+        half = torch.tensor([[1.0, 1, 0.5, 0.5, 0.5, 0.5]])
+        for q in range(n):
+            i = 4 * q
+            if torch.rand(1).item() < 0.5:
+                up = torch.nn.functional.interpolate(
+                    imgs[i][None].float(), scale_factor=2.0, mode="bilinear", align_corners=False
+                )
+                im = up[0].round().clamp(0, 255).to(imgs[i].dtype)
+                lb = labels[i]
+            else:
+                top = torch.cat((imgs[i], imgs[i + 1]), 2)
+                bottom = torch.cat((imgs[i + 2], imgs[i + 3]), 2)
+                im = torch.cat((top, bottom), 1)
+                lb = torch.cat((labels[i], labels[i + 1] + x_off, labels[i + 2] + y_off, labels[i + 3] + x_off + y_off))
+                lb = lb * half
+            out_imgs.append(im)
+            out_labels.append(lb.clone())
+        for q, lb in enumerate(out_labels):
+            lb[:, 0] = q
+        return torch.stack(out_imgs, 0), torch.cat(out_labels, 0), paths[::4], shapes[::4]

@@ -1,0 +1,372 @@
+"""create_dataloader: the dataset built once per node, sharded per rank, fed by workers that stay.
+
+Three small pieces:
+
+- :class:`EpochSampler` decides an epoch: which images, in which order, in which batches,
+  for this rank. Its output is a pure function of (seed, epoch, rank, world size).
+- :class:`EpochLoader` keeps ONE DataLoader iterator over an endless stream of epochs,
+  so workers are started once, not every epoch, and prefetch across epoch boundaries.
+- The samples carry their epoch (:class:`~ddp_utils.data.dataset.SampleKey`), so a batch
+  the workers prefetched for epoch ``e + 1`` is already epoch ``e + 1``'s: when
+  ``set_epoch`` asks for the epoch the stream holds next, nothing is restarted; when it
+  asks for another (a resume, a skipped epoch, an epoch left half-way), the stream is
+  restarted at that epoch. Either way epoch ``e`` gives epoch ``e``'s order and augmentation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ..dist import dist_info, get_rank, get_world_size, is_dist_initialized, torch_distributed_zero_first
+from ..log import LOGGER
+from ..seed import derive_seed, loader_generator, seed_worker
+from .dataset import SampleKey, YoloDataset
+from .labels import find_images, label_cache_path, load_labels
+
+
+class EpochSampler:
+    """This rank's batches of one epoch, as :class:`SampleKey` lists.
+
+    Training (``pad=True``): the epoch's order (a permutation seeded by (seed, epoch) when
+    shuffling, else 0..N-1, or N weighted draws with ``weights``) is padded with its first
+    images to a multiple of the world size and cut into equal, contiguous, disjoint shards,
+    so every rank runs the same number of batches. Evaluation (``pad=False``): contiguous
+    shards, unpadded, so each image is seen exactly once over all ranks.
+
+    Args:
+        n: images in the dataset.
+        batch_size: per-rank batch size.
+        rank: global rank (-1 or 0 for a single process).
+        world_size: processes in the job.
+        shuffle: a new permutation every epoch.
+        seed: seeds the permutations and weighted draws.
+        pad: pad shards to equal length (training) or not (evaluation).
+
+    Examples:
+        >>> s = EpochSampler(10, batch_size=4, rank=1, world_size=2)
+        >>> [[k.index for k in b] for b in s.epoch_batches(0)]
+        [[5, 6, 7, 8], [9]]
+    """
+
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        rank: int = -1,
+        world_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        pad: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: must be at least 1")
+        self.n, self.batch_size = n, batch_size
+        self.rank, self.world_size = max(rank, 0), max(world_size, 1)
+        self.shuffle, self.seed, self.pad = shuffle, seed, pad
+        self.epoch = 0
+        self.weights: np.ndarray | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next pass over the loader gives."""
+        self.epoch = int(epoch)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's global order of image indices (before sharding)."""
+        if self.weights is not None:
+            rng = np.random.default_rng(derive_seed(self.seed, epoch, 1))
+            return rng.choice(self.n, size=self.n, replace=True, p=self.weights / self.weights.sum())
+        if self.shuffle:
+            return np.random.default_rng(derive_seed(self.seed, epoch)).permutation(self.n)
+        return np.arange(self.n)
+
+    def _shard_bounds(self) -> list[tuple[int, int]]:
+        if self.pad:
+            per = math.ceil(self.n / self.world_size)
+            return [(r * per, (r + 1) * per) for r in range(self.world_size)]
+        sizes = [len(a) for a in np.array_split(np.arange(self.n), self.world_size)]
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        return [(int(starts[r]), int(starts[r + 1])) for r in range(self.world_size)]
+
+    def _batch_slots(self) -> list[list[range]]:
+        # per rank, its batches as ranges of slots (positions in the padded global order)
+        return [
+            [range(s, min(s + self.batch_size, end)) for s in range(start, end, self.batch_size)]
+            for start, end in self._shard_bounds()
+        ]
+
+    def rect_batches(self) -> list[list[int]]:
+        """Every rank's batches of image indices without shuffling, in global batch order."""
+        return [[s % self.n for s in b] for rank_batches in self._batch_slots() for b in rank_batches]
+
+    def epoch_batches(self, epoch: int) -> list[list[SampleKey]]:
+        """This rank's batches of one epoch."""
+        order = self.order(epoch)
+        slots = self._batch_slots()
+        first = sum(len(b) for b in slots[: self.rank])  # global batch id of this rank's first batch
+        return [
+            [SampleKey(epoch, s, int(order[s % self.n]), first + j) for s in b] for j, b in enumerate(slots[self.rank])
+        ]
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return len(self._batch_slots()[self.rank])
+
+
+class _EpochStream:
+    """``batch_sampler`` for the DataLoader: epochs ``start, start + 1, ...`` back to back, forever."""
+
+    def __init__(self, sampler: EpochSampler) -> None:
+        self.sampler = sampler
+        self.start = 0
+
+    def __iter__(self) -> Iterator[list[SampleKey]]:
+        for epoch in itertools.count(self.start):
+            yield from self.sampler.epoch_batches(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class EpochLoader:
+    """A loader whose workers live across epochs; ``set_epoch(e)`` always gives epoch ``e``.
+
+    ``len(loader)`` is the number of batches of one epoch on this rank; iterating yields
+    them, and the epoch then advances by itself (call ``set_epoch`` anyway: it is free
+    when the epoch is the expected one, and makes a resume or a skip correct).
+    """
+
+    def __init__(
+        self,
+        dataset: YoloDataset,
+        sampler: EpochSampler,
+        collate_fn,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        seed: int = 0,
+        rank: int = -1,
+    ) -> None:
+        self.dataset, self.sampler = dataset, sampler
+        self.batch_size = sampler.batch_size
+        self.num_workers = num_workers
+        self._stream = _EpochStream(sampler)
+        self._loader = DataLoader(
+            dataset,
+            batch_sampler=self._stream,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            worker_init_fn=seed_worker,
+            generator=loader_generator(seed, rank),
+        )
+        self._iterator: Iterator | None = None
+        self._position: tuple[int, int] | None = None  # (epoch, batches taken) of the running stream
+        self._stale = False
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass over the loader epoch ``epoch`` (its shuffle and augmentation)."""
+        self.sampler.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_image_weights(self, weights: Sequence[float] | np.ndarray | None) -> None:
+        """Draw the next epochs' images with these per-image weights (None: back to the plain order)."""
+        if weights is not None:
+            weights = np.asarray(weights, dtype=np.float64)
+            if weights.shape != (self.sampler.n,) or not np.isfinite(weights).all() or weights.sum() <= 0:
+                raise ValueError(f"image weights: need {self.sampler.n} finite non-negative values with a positive sum")
+        self.sampler.weights = weights
+        self._stale = True  # the workers may hold batches drawn with the old weights
+
+    def _restart(self, epoch: int) -> None:
+        self._iterator = None  # shuts the old workers down
+        self._stream.start = epoch
+        self._iterator = iter(self._loader)
+        self._position = (epoch, 0)
+        self._stale = False
+
+    def __iter__(self) -> Iterator[tuple]:
+        epoch, total = self.sampler.epoch, len(self)
+        if total == 0:
+            self.sampler.epoch = epoch + 1
+            return
+        if self._iterator is None or self._stale or self._position != (epoch, 0):
+            self._restart(epoch)
+        for k in range(total):
+            batch = next(self._iterator)
+            self._position = (epoch, k + 1)
+            yield batch
+        self._position = (epoch + 1, 0)
+        self.sampler.epoch = epoch + 1
+
+    def close(self) -> None:
+        """Stop the workers now (they also stop when the loader is garbage collected)."""
+        self._iterator = None
+        self._position = None
+
+
+def _workers(workers: int, batch_size: int) -> int:
+    local = max(dist_info().local_world_size, 1)
+    return max(min((os.cpu_count() or 1) // local, batch_size if batch_size > 1 else 0, workers), 0)
+
+
+def _group() -> tuple[int, int]:
+    if is_dist_initialized():
+        return get_rank(), get_world_size()
+    return -1, 1
+
+
+def _build_dataset(path, rank: int, prefix: str, **kwargs) -> YoloDataset:
+    # Inside zero_first: the node's first process scans the labels and writes the label
+    # cache (and the RAM image cache); the others then read what it wrote.
+    with torch_distributed_zero_first(rank):
+        im_files = find_images(path, prefix)
+        label_set = load_labels(im_files, label_cache_path(im_files), prefix=prefix)
+        dataset = YoloDataset(label_set, prefix=prefix, local_rank=rank, **kwargs)
+    dataset.label_cache_written = label_set.cache_written
+    dataset.label_cache_loaded = label_set.cache_loaded
+    return dataset
+
+
+def create_dataloader(
+    path: str | Path | Sequence[str | Path],
+    imgsz: int,
+    batch_size: int,
+    stride: int,
+    single_cls: bool = False,
+    hyp: dict | None = None,
+    augment: bool = False,
+    cache: bool | str | None = False,
+    pad: float = 0.0,
+    rect: bool = False,
+    rank: int = -1,
+    workers: int = 8,
+    image_weights: bool = False,
+    quad: bool = False,
+    prefix: str = "",
+    shuffle: bool = False,
+    seed: int = 0,
+) -> tuple[EpochLoader, YoloDataset]:
+    """The training loader and its dataset, sharded over the ranks of the process group.
+
+    Args:
+        path: image directory, .txt list of images, or a list of these.
+        imgsz: long side of the images.
+        batch_size: batch size PER PROCESS.
+        stride: the model's largest stride (rect shapes are multiples of it).
+        single_cls: every class becomes 0.
+        hyp: augmentation hyperparameters (YOLOv5's names).
+        augment: augment the images.
+        cache: "ram"/True (one shared copy per node), "disk" (.npy), or False.
+        pad: extra rectangular padding, in strides.
+        rect: rectangular batches (turns shuffle off).
+        rank: LOCAL_RANK of this process, -1 for a single process.
+        workers: most DataLoader workers per process.
+        image_weights: draw images by weight (``loader.set_image_weights``); single process only.
+        quad: 4 images into one of twice the size (:meth:`YoloDataset.collate_fn4`).
+        prefix: log prefix.
+        shuffle: a new order every epoch (seeded by ``seed`` and the epoch).
+        seed: seeds the order and every sample's augmentation.
+
+    Returns:
+        (loader, dataset): call ``loader.set_epoch(epoch)`` before each epoch.
+    """
+    if rect and shuffle:
+        LOGGER.warning(f"{prefix}rect=True is incompatible with shuffle: shuffle turned off")
+        shuffle = False
+    if image_weights and rank != -1:
+        raise ValueError(
+            f"{prefix}image_weights=True is not supported with DDP (rank {rank}): "
+            "each rank would draw its own weighted sample; train without image weights"
+        )
+    dataset = _build_dataset(
+        path,
+        rank,
+        prefix,
+        imgsz=imgsz,
+        batch_size=batch_size,
+        augment=augment,
+        hyp=hyp,
+        rect=rect,
+        image_weights=image_weights,
+        cache=cache,
+        single_cls=single_cls,
+        stride=int(stride),
+        pad=pad,
+        seed=seed,
+    )
+    global_rank, world_size = _group() if rank != -1 else (-1, 1)
+    sampler = EpochSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed, pad=True)
+    if rect:
+        dataset.set_batches(sampler.rect_batches())
+    collate = YoloDataset.collate_fn4 if quad else YoloDataset.collate_fn
+    loader = EpochLoader(
+        dataset,
+        sampler,
+        collate,
+        _workers(workers, batch_size),
+        pin_memory=torch.cuda.is_available(),
+        seed=seed,
+        rank=global_rank,
+    )
+    return loader, dataset
+
+
+def create_val_dataloader(
+    path: str | Path | Sequence[str | Path],
+    imgsz: int,
+    batch_size: int,
+    stride: int,
+    single_cls: bool = False,
+    hyp: dict | None = None,
+    cache: bool | str | None = False,
+    pad: float = 0.5,
+    rect: bool = True,
+    rank: int = -1,
+    workers: int = 8,
+    prefix: str = "val: ",
+) -> tuple[EpochLoader, YoloDataset]:
+    """The evaluation loader: contiguous, unpadded shards, so every image is evaluated exactly once.
+
+    Arguments as :func:`create_dataloader`; no augmentation, no shuffle. A rank may get one
+    batch fewer than another (or none when there are fewer images than ranks).
+    """
+    dataset = _build_dataset(
+        path,
+        rank,
+        prefix,
+        imgsz=imgsz,
+        batch_size=batch_size,
+        augment=False,
+        hyp=hyp,
+        rect=rect,
+        cache=cache,
+        single_cls=single_cls,
+        stride=int(stride),
+        pad=pad,
+    )
+    global_rank, world_size = _group() if rank != -1 else (-1, 1)
+    sampler = EpochSampler(len(dataset), batch_size, global_rank, world_size, shuffle=False, pad=False)
+    if rect:
+        dataset.set_batches(sampler.rect_batches())
+    loader = EpochLoader(
+        dataset,
+        sampler,
+        YoloDataset.collate_fn,
+        _workers(workers, batch_size),
+        pin_memory=torch.cuda.is_available(),
+        rank=global_rank,
+    )
+    return loader, dataset

@@ -1,0 +1,210 @@
+"""Reading, resizing and caching images: RAM (one shared copy per node) and disk (.npy)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from ddp_utils.data import images
+from ddp_utils.data.images import DiskImageCache, SharedImageCache, load_image, normalize_cache, resized_shape
+from tests.multiproc import REPO_ROOT, describe, launch
+
+
+@pytest.fixture
+def ddp_log(caplog):
+    """caplog that sees the ddp_utils logger even after set_logging() stopped its propagation."""
+    from ddp_utils.log import LOGGER
+
+    old = LOGGER.level
+    LOGGER.addHandler(caplog.handler)
+    LOGGER.setLevel(logging.INFO)
+    yield caplog
+    LOGGER.removeHandler(caplog.handler)
+    LOGGER.setLevel(old)
+
+
+def write_images(directory: Path, sizes: list[tuple[int, int]], seed: int = 0) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    files = []
+    for i, (h, w) in enumerate(sizes):
+        base = rng.integers(0, 255, (h // 8 + 1, w // 8 + 1, 3)).astype(np.uint8)
+        img = cv2.resize(base, (w, h), interpolation=cv2.INTER_LINEAR)
+        path = directory / f"{i:03d}.jpg"
+        cv2.imwrite(str(path), img)
+        files.append(str(path))
+    return files
+
+
+def shapes_of(files: list[str], imgsz: int) -> np.ndarray:
+    return np.array([resized_shape(*cv2.imread(f).shape[:2], imgsz) for f in files])
+
+
+def test_load_image_resizes_long_side(tmp_path):
+    (f,) = write_images(tmp_path, [(120, 200)])
+    img, (h0, w0), (h, w) = load_image(f, 100)
+    assert (h0, w0) == (120, 200) and (h, w) == (60, 100) == img.shape[:2]
+    assert img.dtype == np.uint8 and img.shape[2] == 3
+
+
+def test_load_image_interpolation_depends_on_augment(tmp_path):
+    (f,) = write_images(tmp_path, [(120, 200)])
+    area, _, _ = load_image(f, 50, augment=False)
+    linear, _, _ = load_image(f, 50, augment=True)
+    raw = cv2.imread(f)
+    np.testing.assert_array_equal(area, cv2.resize(raw, (50, 30), interpolation=cv2.INTER_AREA))
+    np.testing.assert_array_equal(linear, cv2.resize(raw, (50, 30), interpolation=cv2.INTER_LINEAR))
+
+
+def test_unreadable_image_names_the_file(tmp_path):
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(ValueError, match="broken.jpg"):
+        load_image(bad, 64)
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        load_image(tmp_path / "missing.jpg", 64)
+
+
+def test_normalize_cache_rejects_unknown_modes():
+    assert normalize_cache(True) == "ram" and normalize_cache("RAM") == "ram" and normalize_cache(None) is None
+    with pytest.raises(ValueError, match="'gpu'"):
+        normalize_cache("gpu")
+
+
+def test_shared_cache_matches_decoding_and_pickles_without_data(tmp_path):
+    files = write_images(tmp_path, [(100, 160), (160, 90), (64, 64)])
+    shapes = shapes_of(files, 96)
+    cache = SharedImageCache.build(files, shapes, 96)
+    assert cache is not None and Path(cache.path).is_file()
+    assert cache.path.startswith("/dev/shm") or cache.path.startswith(os.path.realpath("/tmp"))
+    for i, f in enumerate(files):
+        np.testing.assert_array_equal(cache[i], load_image(f, 96)[0])
+        assert not cache[i].flags.writeable
+    blob = pickle.dumps(cache)
+    assert len(blob) < 2000 < cache.nbytes  # path and index only, not the pixels
+    clone = pickle.loads(blob)
+    np.testing.assert_array_equal(clone[1], cache[1])
+
+
+def test_shared_cache_falls_back_to_disk_when_shm_is_small(tmp_path, monkeypatch, ddp_log):
+    files = write_images(tmp_path, [(80, 80), (60, 90)])
+    real = images.disk_free
+    monkeypatch.setattr(images, "disk_free", lambda d: 64 if str(d) == "/dev/shm" else real(d))
+    monkeypatch.setattr(images, "_job_id", lambda: f"test-fallback-{os.getpid()}")
+    cache = SharedImageCache.build(files, shapes_of(files, 64), 64)
+    assert cache is not None and not cache.path.startswith("/dev/shm")
+    assert "too small" in ddp_log.text
+    np.testing.assert_array_equal(cache[0], load_image(files[0], 64)[0])
+    os.unlink(cache.path)
+
+
+def test_shared_cache_refuses_when_memory_is_short(tmp_path, monkeypatch, ddp_log):
+    files = write_images(tmp_path, [(80, 80)])
+    monkeypatch.setattr(images, "mem_available", lambda: 1000)
+    assert SharedImageCache.build(files, shapes_of(files, 64), 64) is None
+    assert "not caching images in RAM" in ddp_log.text
+
+
+def test_shared_cache_file_removed_at_exit(tmp_path):
+    files = write_images(tmp_path, [(50, 50)])
+    code = (
+        "import sys, numpy as np; from ddp_utils.data.images import SharedImageCache;"
+        f"c = SharedImageCache.build([{files[0]!r}], np.array([[50, 50]]), 50); print(c.path)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    path = out.stdout.strip()
+    assert out.returncode == 0 and path, out.stderr
+    assert not Path(path).exists()
+
+
+class _CacheReader(torch.utils.data.Dataset):
+    def __init__(self, cache):
+        self.cache = cache
+
+    def __len__(self):
+        return len(self.cache)
+
+    def __getitem__(self, i):
+        return int(self.cache[i].sum(dtype=np.int64))
+
+
+@pytest.mark.timeout(60)
+def test_shared_cache_in_spawned_workers(tmp_path):
+    files = write_images(tmp_path, [(40, 60), (60, 40), (50, 50)])
+    cache = SharedImageCache.build(files, shapes_of(files, 48), 48)
+    expected = [int(cache[i].sum(dtype=np.int64)) for i in range(3)]
+    for context in ("spawn", "fork"):
+        loader = torch.utils.data.DataLoader(
+            _CacheReader(cache), batch_size=None, num_workers=1, multiprocessing_context=context
+        )
+        assert [int(v) for v in loader] == expected, context
+
+
+def test_disk_cache_written_reused_and_invalidated(tmp_path):
+    files = write_images(tmp_path, [(100, 160), (160, 90)])
+    shapes = shapes_of(files, 64)
+    cache = DiskImageCache(files, shapes, 64)
+    assert cache.build() == 2
+    assert all(Path(p).is_file() for p in cache.npy_files)
+    assert not list(tmp_path.glob(".*.tmp"))
+    np.testing.assert_array_equal(cache[0], load_image(files[0], 64)[0])
+    assert DiskImageCache(files, shapes, 64).build() == 0
+    time.sleep(0.01)
+    write_images(tmp_path, [(100, 160)], seed=9)  # the first image changes
+    again = DiskImageCache(files, shapes, 64)
+    assert again.build() == 1
+    np.testing.assert_array_equal(again[0], load_image(files[0], 64)[0])
+
+
+def test_disk_cache_repairs_a_truncated_file(tmp_path):
+    files = write_images(tmp_path, [(64, 64)])
+    cache = DiskImageCache(files, shapes_of(files, 32), 32)
+    cache.build()
+    Path(cache.npy_files[0]).write_bytes(b"\x93NUMPY")
+    np.testing.assert_array_equal(cache[0], load_image(files[0], 32)[0])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_ram_cache_one_copy_per_node(tmp_path):
+    from ddp_utils.data.synthetic import make_shapes_dataset
+
+    root = make_shapes_dataset(tmp_path / "shapes", 40, 0, size=(480, 640))
+    workers = launch("tests.workers.data_scenarios:ram_cache_pss", nprocs=2, timeout=100, args=(str(root), "640"))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    recs = [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
+    assert recs[0]["path"] == recs[1]["path"] and recs[0]["checksum"] == recs[1]["checksum"]
+    assert recs[0]["touched"] == 40
+    buffer_kib = recs[0]["nbytes"] / 1024
+    assert buffer_kib > 20_000  # big enough to stand out from the noise
+    mapped = sum(r["mapping_pss_kib"] for r in recs)
+    total = sum(r["pss_delta_kib"] for r in recs)
+    assert 0.9 * buffer_kib < mapped < 1.1 * buffer_kib, (mapped, buffer_kib)  # one copy, split in two
+    assert total < 1.5 * buffer_kib, (total, buffer_kib)  # two private copies would be 2x
+    assert not Path(recs[0]["path"]).exists()  # removed when the node's first process left
+
+
+def test_buffers_of_dead_jobs_are_removed(tmp_path, monkeypatch):
+    files = write_images(tmp_path / "img", [(40, 40)])
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(images, "_SHM_DIR", shm)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = shm / f"ddp_utils_images_0123456789abcdef0123.{dead.stdout.strip()}.bin"
+    orphan.write_bytes(b"x" * 100)
+    alive = shm / f"ddp_utils_images_0123456789abcdef0124.{os.getpid()}.bin"
+    alive.write_bytes(b"x" * 100)
+    cache = SharedImageCache.build(files, shapes_of(files, 32), 32)
+    assert cache is not None and Path(cache.path).parent == shm
+    assert not orphan.exists() and alive.exists()

@@ -1,0 +1,245 @@
+"""train.py end to end: real processes, real torchrun, a tiny synthetic dataset on the CPU."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddp_utils.engine import load_checkpoint
+
+from .multiproc import REPO_ROOT, collect, describe, free_port, worker_env
+
+TINY = {"n_train": 32, "n_val": 16, "size": "[128, 160]", "imgsz": 128}
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def tiny_data_yaml(directory: Path, name: str = "tiny") -> Path:
+    """A shapes-style data yaml whose generator makes a 32 + 16 image set on first use."""
+    yaml_file = directory / f"{name}.yaml"
+    yaml_file.write_text(
+        f"path: {directory / name}\ntrain: images/train\nval: images/val\n"
+        "names: {0: circle, 1: square, 2: triangle, 3: star}\n"
+        f"n_train: {TINY['n_train']}\nn_val: {TINY['n_val']}\nsize: {TINY['size']}\nseed: 0\nmax_objects: 4\n"
+        "download: ddp_utils.data.synthetic:generate\n"
+    )
+    return yaml_file
+
+
+def train_env(datasets: Path | None = None) -> dict[str, str]:
+    env = worker_env(0, 1, free_port())
+    for name in LAUNCH_VARS:
+        env.pop(name)
+    env["OMP_NUM_THREADS"] = "1"
+    if datasets is not None:
+        env["DDP_UTILS_DATASETS_DIR"] = str(datasets)
+    return env
+
+
+def train_args(data: Path, project: Path, *extra: str) -> list[str]:
+    return [
+        "train.py", "--data", str(data), "--cfg", "yolov5n.yaml", "--hyp", "hyp.shapes.yaml",
+        "--imgsz", str(TINY["imgsz"]), "--batch-size", "8", "--workers", "1", "--project", str(project),
+        "--name", "run", *extra,
+    ]  # fmt: skip
+
+
+def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float):
+    (result,) = collect([start(cmd, env)], time.monotonic(), timeout, " ".join(cmd[:6]))
+    return result
+
+
+def torchrun(nproc: int, *args: str, port: int | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    port = port or free_port()
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+        "--master_addr", "127.0.0.1", "--master_port", str(port), *extra, *args,
+    ]  # fmt: skip
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, seconds: float) -> None:
+    """Poll until ``path`` exists (checkpoints are written atomically: then it is whole)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None and not path.exists():
+        time.sleep(0.1)
+    assert path.exists(), f"{path} did not appear within {seconds} s"
+
+
+def results(run_dir: Path) -> list[dict[str, float]]:
+    with open(run_dir / "results.csv", newline="") as f:
+        return [{k.strip(): float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def assert_run_outputs(run_dir: Path, epochs: int) -> list[dict[str, float]]:
+    for name in ("weights/last.pt", "weights/best.pt", "results.csv", "results.png", "hyp.yaml", "opt.yaml",
+                 "labels.jpg", "train_batch0.jpg"):  # fmt: skip
+        assert (run_dir / name).is_file() and (run_dir / name).stat().st_size > 0, name
+    rows = results(run_dir)
+    assert [int(r["epoch"]) for r in rows] == list(range(epochs))
+    best = load_checkpoint(run_dir / "weights" / "best.pt")
+    assert best["optimizer"] is None and best["epoch"] == -1  # stripped for inference
+    last = load_checkpoint(run_dir / "weights" / "last.pt")
+    assert last["epoch"] == epochs - 1 and last["optimizer"] is not None
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_single_process_two_epochs(tmp_path):
+    data = tiny_data_yaml(tmp_path)
+    result = run([sys.executable, *train_args(data, tmp_path / "runs", "--epochs", "2")], train_env(), 280)
+    assert result.returncode == 0, describe([result])
+    assert_run_outputs(tmp_path / "runs" / "run", epochs=2)
+    assert "final mAP@0.5" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_torchrun_two_processes_loss_goes_down(tmp_path):
+    data = tiny_data_yaml(tmp_path)
+    cmd = torchrun(2, *train_args(data, tmp_path / "runs", "--epochs", "4"))
+    result = run(cmd, train_env(), 380)
+    assert result.returncode == 0, describe([result])
+    rows = assert_run_outputs(tmp_path / "runs" / "run", epochs=4)
+    loss = [r["train/box_loss"] + r["train/obj_loss"] + r["train/cls_loss"] for r in rows]
+    assert loss[-1] < loss[0], loss
+    # only rank 0 writes: one run directory, one progress line per epoch
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    data = tiny_data_yaml(tmp_path)
+    env = train_env()
+    full = run([sys.executable, *train_args(data, tmp_path / "full", "--epochs", "3")], env, 240)
+    assert full.returncode == 0, describe([full])
+
+    # the interrupted run is killed once its first epoch is saved, then resumed
+    proc = start([sys.executable, *train_args(data, tmp_path / "cut", "--epochs", "3")], env)
+    last = tmp_path / "cut" / "run" / "weights" / "last.pt"
+    wait_for_file(last, proc, 200)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert load_checkpoint(last)["epoch"] in (0, 1)
+    resumed = run([sys.executable, "train.py", "--resume", str(last)], env, 240)
+    assert resumed.returncode == 0, describe([resumed])
+
+    cut_rows, full_rows = results(tmp_path / "cut" / "run"), results(tmp_path / "full" / "run")
+    assert [r["epoch"] for r in cut_rows] == [r["epoch"] for r in full_rows] == [0.0, 1.0, 2.0]
+    for key in ("x/lr0", "x/lr1", "x/lr2"):
+        assert [r[key] for r in cut_rows] == pytest.approx([r[key] for r in full_rows], rel=1e-6), key
+    assert load_checkpoint(last)["epoch"] == 2
+
+
+def _worker_pids(parent: int) -> dict[int, int]:
+    """{LOCAL_RANK: pid} of the train.py workers that a torchrun process started (read from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if b"train.py" in cmdline and b"LOCAL_RANK" in environ:
+            found[int(environ[b"LOCAL_RANK"])] = int(entry.name)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(500)
+def test_sigkilled_worker_restarts_and_resumes(tmp_path):
+    data = tiny_data_yaml(tmp_path)
+    cmd = torchrun(2, *train_args(data, tmp_path / "runs", "--epochs", "3"), extra=("--max-restarts", "1"))
+    proc = start(cmd, train_env())
+    run_dir = tmp_path / "runs" / "run"
+    wait_for_file(run_dir / "weights" / "last.pt", proc, 300)
+    workers = _worker_pids(proc.pid)
+    assert 1 in workers, f"no worker with LOCAL_RANK=1 found: {workers}"
+    os.kill(workers[1], signal.SIGKILL)
+    (result,) = collect([proc], time.monotonic(), 400, "torchrun with a killed worker")
+    assert result.returncode == 0, describe([result])
+    assert "resuming" in result.stderr  # the restarted job found this run's last.pt by itself
+    assert_run_outputs(run_dir, epochs=3)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(500)
+def test_two_nodes_on_localhost_each_with_its_own_dataset(tmp_path):
+    data = tiny_data_yaml(tmp_path)
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+            "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "twonode",
+            *train_args(data, tmp_path / f"runs{node}", "--epochs", "2"),
+        ]  # fmt: skip
+        # a relative dataset path resolves under each node's own datasets directory
+        data_node = tmp_path / f"node{node}"
+        data_node.mkdir()
+        yaml_file = data_node / "tiny.yaml"
+        yaml_file.write_text(data.read_text().replace(f"path: {tmp_path / 'tiny'}", "path: tiny"))
+        cmd[cmd.index(str(data))] = str(yaml_file)
+        procs.append(start(cmd, train_env(datasets=data_node / "datasets")))
+    nodes = collect(procs, time.monotonic(), 450, "two-node torchrun")
+    assert all(n.returncode == 0 for n in nodes), describe(nodes)
+    for node in (0, 1):
+        caches = sorted((tmp_path / f"node{node}" / "datasets" / "tiny" / "labels").glob("*.cache"))
+        assert [c.name for c in caches] == ["train.ddp.cache", "val.ddp.cache"], node
+    # the global rank 0 (node 0) writes the run; node 1 writes nothing
+    assert_run_outputs(tmp_path / "runs0" / "run", epochs=2)
+    assert not (tmp_path / "runs1").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--batch-size", "3"], {"WORLD_SIZE": "2"}, "does not divide by WORLD_SIZE=2"),
+        (["--image-weights"], {"WORLD_SIZE": "2"}, "--image-weights works in a single process only"),
+        (["--rect", "--multi-scale"], {}, "--rect and --multi-scale"),
+        (["--epochs", "0"], {}, "--epochs 0"),
+        (["--batch-size", "-1"], {}, "--batch-size -1"),
+    ],
+)
+def test_bad_combinations_fail_before_any_process_group(args, env, message, tmp_path):
+    launch_env = train_env()
+    if env:
+        launch_env.update(RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1", **env)
+    result = run([sys.executable, "train.py", *args, "--project", str(tmp_path)], launch_env, 100)
+    assert result.returncode != 0 and message in result.stderr, describe([result])
+    assert "process group" not in result.stderr
+
+
+def test_local_rank_argument_is_accepted_and_ignored():
+    sys.path.insert(0, str(REPO_ROOT))
+    try:
+        import train
+    finally:
+        sys.path.pop(0)
+    assert train.parse_opt(["--local_rank", "3"]).local_rank == 3
+    assert train.parse_opt(["--local-rank=1"]).local_rank == 1
