@@ -122,3 +122,35 @@ def rank_stalls_in_barrier(stall_seconds: str = "300") -> None:
         emit({"rank": info.rank, "error": f"{type(exc).__name__}: {exc}"[:500], "seconds": time.monotonic() - start})
         os._exit(3)
     emit({"rank": info.rank, "error": None, "seconds": time.monotonic() - start})
+
+
+def loader_worker_killed(image_dir: str) -> None:
+    """SIGKILL one data loader worker in the second epoch (as the OOM killer would) and report.
+
+    Runs in its own process: torch's SIGCHLD handler, once a worker has died, raises in
+    whatever the main thread does next, which must not be pytest's own machinery.
+    """
+    import signal
+
+    import psutil
+
+    from ddp_utils.data.loader import create_dataloader
+
+    torch.set_num_threads(1)
+    loader, _ = create_dataloader(image_dir, 64, 2, 32, workers=2)
+    killed = []
+    start = time.monotonic()
+    try:
+        for epoch in range(3):  # the workers are reused across epochs: kill one in the second
+            loader.set_epoch(epoch)
+            for i, _batch in enumerate(loader):
+                if epoch == 1 and i == 1:
+                    worker = psutil.Process().children()[0]
+                    killed.append(worker.pid)
+                    start = time.monotonic()
+                    os.kill(worker.pid, signal.SIGKILL)
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    emit({"rank": 0, "killed": killed, "error": error, "seconds": time.monotonic() - start})
+    os._exit(0)
