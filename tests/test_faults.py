@@ -151,7 +151,7 @@ def test_loader_worker_on_a_corrupt_image_names_the_file(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_loader_worker_killed_mid_epoch_is_an_error_not_a_hang(tmp_path):
+def test_loader_worker_killed_mid_epoch_is_an_error_not_a_hang_and_the_next_epoch_runs(tmp_path):
     # what the kernel's OOM killer does to a worker that grew too large
     pytest.importorskip("psutil")
     pytest.importorskip("ddp_utils.data.loader", reason="needs the data loader (branch data-b)")
@@ -168,6 +168,7 @@ def test_loader_worker_killed_mid_epoch_is_an_error_not_a_hang(tmp_path):
     )
     assert re.search(worker_died, seen["error"]) and str(seen["killed"][0]) in seen["error"], output
     assert seen["seconds"] < 60, output
+    assert seen["next_epoch"] == seen["len"] == 8, output
 
 
 # --- a disk that fills up during a checkpoint save ------------------------------------------------

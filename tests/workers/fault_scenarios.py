@@ -152,5 +152,8 @@ def loader_worker_killed(image_dir: str) -> None:
         error = None
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    emit({"rank": 0, "killed": killed, "error": error, "seconds": time.monotonic() - start})
+    seconds = time.monotonic() - start
+    loader.set_epoch(3)  # the loader recovers: the next epoch starts fresh workers
+    batches = sum(1 for _ in loader)
+    emit({"rank": 0, "killed": killed, "error": error, "seconds": seconds, "next_epoch": batches, "len": len(loader)})
     os._exit(0)
