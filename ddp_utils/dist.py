@@ -306,9 +306,11 @@ def init_distributed(
         torch.cuda.set_device(info.local_rank)
     # A failed NCCL collective must abort the process rather than hang until the timeout.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    store = _attempt_store(info, timeout) if init_method == "env://" else None
     dist.init_process_group(
         backend=backend,
-        init_method=init_method,
+        init_method=None if store is not None else init_method,
+        store=store,
         rank=info.rank,
         world_size=info.world_size,
         timeout=timeout,
@@ -336,6 +338,20 @@ def _export_env_for_env_init(info: DistInfo) -> None:
     os.environ.setdefault("WORLD_SIZE", str(info.world_size))
     os.environ.setdefault("LOCAL_RANK", str(info.local_rank))
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(info.local_world_size))
+
+
+def _attempt_store(info: DistInfo, timeout: timedelta) -> Any | None:
+    """Under torchrun, the agent's store seen through a prefix of its own per restart.
+
+    With a static rendezvous (``--master_port``) the agent keeps one store across elastic
+    restarts, so a restarted rank can read the last attempt's gloo addresses and connect to
+    a dead peer: a hang or a refused connection. A prefix per restart count gives every
+    attempt fresh keys. Elsewhere (no agent store) env:// is left to torch.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or info.master_port is None:
+        return None
+    agent_store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"ddp_utils/attempt{info.restart_count}", agent_store)
 
 
 def cleanup() -> None:

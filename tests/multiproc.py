@@ -10,6 +10,7 @@ stalls CI.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -83,6 +84,30 @@ def launch(
     return collect(procs, start, timeout, target)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc): torchrun starts its workers in their own sessions."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    for victim in [*descendants(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
 def collect(procs: list[subprocess.Popen], start: float, timeout: float, what: str) -> list[Worker]:
     """Wait for processes until a shared deadline; kill them all and fail past it."""
     deadline = start + timeout
@@ -98,7 +123,7 @@ def collect(procs: list[subprocess.Popen], start: float, timeout: float, what: s
     if timed_out:
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
         report = []
         for rank, proc in enumerate(procs):
             out, err = proc.communicate()

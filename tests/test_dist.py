@@ -292,3 +292,25 @@ def test_torchrun_runs_the_helpers_demo():
     for r in recs:
         assert r["device"] == "cpu" and r["loss"] == 0.5 and r["n"] == 2.0
         assert r["names"] == ["circle", "square"] and r["everyone"] == [0, 1] and r["elapsed_ok"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_elastic_restart_forms_a_fresh_group():
+    # torchrun keeps its store across restarts: without a prefix per attempt, the restarted
+    # ranks read the dead attempt's gloo addresses and hang or fail to connect
+    port = free_port()
+    env = worker_env(0, 1, port)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
+        "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "tests.workers.dist_scenarios", "restart",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    (run,) = collect([proc], time.monotonic(), 180, "torchrun restart after SIGKILL")
+    assert run.returncode == 0, describe([run])
+    recs = sorted((json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")), key=lambda r: r["rank"])
+    assert recs == [{"rank": 0, "attempt": 1, "total": 2.0}, {"rank": 1, "attempt": 1, "total": 2.0}]

@@ -14,7 +14,7 @@ import pytest
 
 from ddp_utils.engine import load_checkpoint
 
-from .multiproc import REPO_ROOT, collect, describe, free_port, worker_env
+from .multiproc import REPO_ROOT, collect, describe, free_port, kill_tree, worker_env
 
 TINY = {"n_train": 32, "n_val": 16, "size": "[128, 160]", "imgsz": 128}
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -134,7 +134,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     last = tmp_path / "cut" / "run" / "weights" / "last.pt"
     wait_for_file(last, proc, 200)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc.pid)
     proc.communicate()
     assert load_checkpoint(last)["epoch"] in (0, 1)
     resumed = run([sys.executable, "train.py", "--resume", str(last)], env, 240)

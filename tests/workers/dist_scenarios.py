@@ -130,5 +130,25 @@ def helpers_demo() -> None:
     du.cleanup()
 
 
+def restart_after_kill() -> None:
+    """Under torchrun --max-restarts 1: rank 1 dies by SIGKILL on the first attempt while rank 0
+    lingers (it catches the agent's SIGTERM, as a training script saving a checkpoint does)."""
+    import os
+    import signal
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    info = du.init_distributed(backend="gloo")
+    with du.torch_distributed_zero_first(info.local_rank):
+        pass
+    du.barrier()
+    if attempt == 0 and info.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(2)
+    total = du.reduce_tensor(torch.ones(1), op="sum").item()
+    emit(json.dumps({"rank": info.rank, "attempt": attempt, "total": total}))
+    du.cleanup()
+
+
 if __name__ == "__main__":
-    helpers_demo()
+    {"restart": restart_after_kill}.get(sys.argv[1] if len(sys.argv) > 1 else "", helpers_demo)()
