@@ -48,7 +48,6 @@ def records(workers) -> dict[int, dict]:
         ("reduce_tensor", 1),
         ("all_gather_object", 2),
         ("broadcast_object", 0),  # rank 0 hosts the store and is the broadcast's source
-        ("barrier", 1),
     ],
 )
 def test_rank_raising_before_a_collective_ends_every_process_promptly(collective, failing_rank):
@@ -68,8 +67,9 @@ def test_rank_raising_before_a_collective_ends_every_process_promptly(collective
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
-def test_uncaught_collective_error_exits_every_rank_nonzero():
-    # as a training script would: nobody catches, and the traceback names the rank and error
+def test_uncaught_error_while_others_wait_in_barrier_exits_every_rank_nonzero():
+    # as a training script would: nobody catches, and the traceback names the rank and error;
+    # rank 0 raising also takes the rendezvous store down with it
     workers = launch(f"{SCENARIOS}:rank_raises_before_collective", 3, timeout=120, args=("barrier", 0, 0.5, "no"))
     output = describe(workers)
     assert [w.returncode for w in workers] == [1, 1, 1], output
@@ -84,14 +84,14 @@ def test_uncaught_collective_error_exits_every_rank_nonzero():
 def test_stalled_rank_is_bounded_by_ddp_utils_dist_timeout():
     # rank 1 stays alive and silent: no connection closes, only the collective timeout ends the wait
     workers = launch(
-        f"{SCENARIOS}:rank_stalls_in_barrier", 3, timeout=120, args=(10,), env={"DDP_UTILS_DIST_TIMEOUT": "5"}
+        f"{SCENARIOS}:rank_stalls_in_barrier", 3, timeout=120, args=(8,), env={"DDP_UTILS_DIST_TIMEOUT": "3"}
     )
     output = describe(workers)
     seen = records(workers)
     for rank in (0, 2):
         assert workers[rank].returncode == 3, output
-        assert "Timed out waiting 5000ms" in seen[rank]["error"], output
-        assert 4 < seen[rank]["seconds"] < 30, output
+        assert "Timed out waiting 3000ms" in seen[rank]["error"], output
+        assert 2.5 < seen[rank]["seconds"] < 30, output
 
 
 # --- first-process sections under load ----------------------------------------------------------
