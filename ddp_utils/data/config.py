@@ -48,7 +48,10 @@ from ..log import LOGGER
 from ..resources import find_asset
 
 DATASETS_DIR_ENV = "DDP_UTILS_DATASETS_DIR"
+# Module prefixes, comma-separated, whose generators a yaml's ``download`` may name besides ddp_utils'.
+TRUSTED_GENERATORS_ENV = "DDP_UTILS_TRUSTED_GENERATORS"
 _SPLITS = ("train", "val", "test")
+MAX_CLASSES = 100_000  # ImageNet-21k has 21,841; far beyond any detection dataset
 _GENERATOR = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _CHUNK = 1 << 20
 
@@ -101,6 +104,8 @@ def _normalise_names(data: dict[str, Any], where: str) -> dict[int, str]:
     names, nc = data.get("names"), data.get("nc")
     if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or nc < 1):
         raise DataConfigError(f"{where}: key 'nc' must be a positive integer, got {nc!r}")
+    if nc is not None and nc > MAX_CLASSES:  # placeholder names for a typo'd 10**12 would never finish
+        raise DataConfigError(f"{where}: key 'nc' is {nc}, more than {MAX_CLASSES} classes; check the value")
     if names is None:
         if nc is None:
             raise DataConfigError(f"{where}: key 'names' is missing (a list of class names, or nc)")
@@ -256,8 +261,10 @@ def run_download(download: Any, data: dict[str, Any], where: str = "data") -> No
     """Fetch a dataset: zip URLs (with optional sha256 and dest) or a ``"module:function"`` generator.
 
     A generator is called as ``function(data)`` with the resolved data dict and must
-    write the dataset under ``data["path"]``. Shell commands and Python snippets, which
-    YOLOv5 yamls may hold, are refused: a yaml should not run arbitrary code.
+    write the dataset under ``data["path"]``; its module must be in ddp_utils or named in
+    ``$DDP_UTILS_TRUSTED_GENERATORS`` (comma-separated module prefixes). Shell commands and
+    Python snippets, which YOLOv5 yamls may hold, are refused: a yaml should not run
+    arbitrary code.
 
     Args:
         download: the yaml's ``download`` value.
@@ -265,12 +272,14 @@ def run_download(download: Any, data: dict[str, Any], where: str = "data") -> No
         where: the yaml file, for error messages.
 
     Raises:
-        DataConfigError: ``download`` is neither URLs nor ``module:function``.
+        DataConfigError: ``download`` is neither URLs nor ``module:function``, or names a
+            generator outside the trusted modules.
         DownloadError: fetching or unpacking failed; nothing is left at ``data["path"]``
             that was not there before.
     """
     if isinstance(download, str) and _GENERATOR.match(download) and "://" not in download:
         module_name, func_name = download.split(":")
+        _check_trusted_generator(module_name, download, where)
         try:
             func = getattr(importlib.import_module(module_name), func_name)
         except (ImportError, AttributeError) as exc:
@@ -280,6 +289,18 @@ def run_download(download: Any, data: dict[str, Any], where: str = "data") -> No
     items = download if isinstance(download, list) else [download]
     specs = [_download_spec(item, where) for item in items]
     fetch_zips(specs, Path(data["path"]))
+
+
+def _check_trusted_generator(module_name: str, download: str, where: str) -> None:
+    # A yaml may come from a stranger: "subprocess:Popen" would run a command made of its keys,
+    # and importing a module runs its code. Only ddp_utils' generators, and modules the user
+    # names in the environment, are imported.
+    trusted = ["ddp_utils", *(p.strip() for p in os.environ.get(TRUSTED_GENERATORS_ENV, "").split(",") if p.strip())]
+    if not any(module_name == p or module_name.startswith(p + ".") for p in trusted):
+        raise DataConfigError(
+            f"{where}: key 'download': generator {download!r} is outside ddp_utils and was not run; "
+            f"if you trust it, set {TRUSTED_GENERATORS_ENV}={module_name}"
+        )
 
 
 def _download_spec(item: Any, where: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import itertools
 import math
 import os
 import signal
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -214,11 +215,32 @@ class EpochLoader:
         if self._iterator is None or self._stale or self._position != (epoch, 0):
             self._restart(epoch)
         for k in range(total):
-            batch = next(self._iterator)
+            try:
+                batch = next(self._iterator)
+            except (EOFError, ConnectionError) as exc:
+                raise RuntimeError(self._worker_death(exc)) from exc
+            except BaseException:
+                self.close()  # stop the workers: a broken iterator must not serve the next epoch
+                raise
             self._position = (epoch, k + 1)
             yield batch
         self._position = (epoch + 1, 0)
         self.sampler.epoch = epoch + 1
+
+    def _worker_death(self, exc: BaseException) -> str:
+        # A worker killed mid-send (the OOM killer, a SIGKILL) leaves a truncated message that
+        # torch reports as a bare EOFError when it reads it before it notices the death.
+        workers = getattr(self._iterator, "_workers", [])
+        deadline = time.monotonic() + 2.0  # the broken pipe can reach us before the death is reapable
+        while not (dead := [w for w in workers if not w.is_alive()]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        dead = [f"pid {w.pid} (exit code {w.exitcode})" for w in dead]
+        self.close()
+        who = ", ".join(dead) if dead else "a worker"
+        return (
+            f"DataLoader worker died while sending a batch: {who} ({type(exc).__name__}: {exc}); "
+            "a worker killed by the OOM killer is the usual cause: try fewer workers or a smaller batch"
+        )
 
     def close(self) -> None:
         """Stop the workers now (they also stop when the loader is garbage collected)."""

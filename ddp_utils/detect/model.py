@@ -142,7 +142,7 @@ def load_model_yaml(cfg: str | Path | dict) -> tuple[dict, str]:
 
 def _number(cfg: dict, key: str, source: str, default: float | None = None) -> float:
     value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ModelConfigError(f"{source}: {key}={value!r} must be a positive number")
     return float(value)
 
@@ -246,6 +246,8 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
         if module_cls in _CHANNEL_BLOCKS:
             if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)):
                 raise ModelConfigError(f"{where}: {name} needs its output channels as the first argument")
+            if not math.isfinite(args[0]) or args[0] <= 0:
+                raise ModelConfigError(f"{where}: {name} output channels {args[0]!r} must be a positive number")
             c_out = args[0] if args[0] == n_outputs else make_divisible(args[0] * width_multiple, 8)
             args = [c_in, c_out, *args[1:]]
             if module_cls in _REPEAT_BLOCKS:
@@ -267,7 +269,7 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
                 args[1] = _anchor_list(args[1], len(sources), source)
         try:
             block = nn.Sequential(*(module_cls(*args) for _ in range(n))) if n > 1 else module_cls(*args)
-        except (TypeError, ValueError, RuntimeError) as exc:
+        except (TypeError, ValueError, RuntimeError, OverflowError, IndexError) as exc:
             raise ModelConfigError(f"{where}: cannot build {name} from args {args!r}: {exc}") from None
         block.i, block.f, block.type = i, f, name
         block.np = sum(p.numel() for p in block.parameters())
@@ -342,9 +344,22 @@ class Model(nn.Module):
         size = self.stride_probe_size
         was_training = self.training
         self.eval()
+        # a yaml can pass parse_model and still not run (Upsample without a size, a kernel larger
+        # than its input, Concat of mismatched grids): name the layer that failed on the probe
+        current = [None]
+        hooks = [m.register_forward_pre_hook(lambda _m, _x, i=m.i: current.__setitem__(0, i)) for m in self.model]
         try:
             _, levels = self.forward(torch.zeros(1, ch, size, size))
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            layer = self.model[current[0]] if current[0] is not None else None
+            where = f"layer {current[0]} ({layer.type})" if layer is not None else "the model"
+            raise ModelConfigError(
+                f"{self.yaml_file}: {where} fails on a {size}x{size} probe image: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from None
         finally:
+            for hook in hooks:
+                hook.remove()
             self.train(was_training)
         return torch.tensor([size / level.shape[-2] for level in levels], dtype=torch.float32)
 

@@ -209,6 +209,20 @@ def _remove_stale_temps(path: Path) -> None:
             pass
 
 
+def _os_error_behind(exc: BaseException) -> BaseException:
+    """The OSError that caused ``exc``, else ``exc``: on a full disk torch.save raises a
+    RuntimeError ("unexpected pos ...") while the ENOSPC from the file's write is its context."""
+    seen = exc
+    for _ in range(8):
+        if isinstance(seen, OSError) and seen.errno:
+            return seen
+        nxt = seen.__cause__ or seen.__context__
+        if nxt is None:
+            break
+        seen = nxt
+    return exc
+
+
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:
     """Write ``obj`` with ``torch.save`` so that ``path`` is either the old file or the whole new one.
 
@@ -238,8 +252,9 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
         if not isinstance(exc, Exception):  # KeyboardInterrupt etc.: clean up, then let it through
             raise
         kept = f"the previous {path} is intact" if path.is_file() else f"no file was written at {path}"
-        code = getattr(exc, "errno", None) or errno.EIO
-        reason = os.strerror(exc.errno) if getattr(exc, "errno", None) else f"{type(exc).__name__}: {exc}"
+        cause = _os_error_behind(exc)
+        code = getattr(cause, "errno", None) or errno.EIO
+        reason = os.strerror(cause.errno) if getattr(cause, "errno", None) else f"{type(exc).__name__}: {exc}"
         raise CheckpointWriteError(code, f"could not save checkpoint {path}: {reason}; {kept}") from exc
     _fsync_dir(path.parent)
     return path

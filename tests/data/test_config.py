@@ -444,6 +444,7 @@ def test_download_runs_once_per_node(tmp_path: Path) -> None:
         nprocs=2,
         timeout=120,
         args=(str(_generator_yaml(tmp_path, fail=False)),),
+        env={"DDP_UTILS_TRUSTED_GENERATORS": "tests.workers"},
     )
     assert all(w.returncode == 0 for w in workers), describe(workers)
     records = [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
@@ -460,6 +461,7 @@ def test_failed_download_fails_every_rank_promptly(tmp_path: Path) -> None:
         nprocs=2,
         timeout=120,
         args=(str(_generator_yaml(tmp_path, fail=True)),),
+        env={"DDP_UTILS_TRUSTED_GENERATORS": "tests.workers"},
     )
     records = {r["rank"]: r for r in (json.loads(w.stdout.strip().splitlines()[-1]) for w in workers)}
     assert "generator failed on purpose" in records[0]["error"], describe(workers)
