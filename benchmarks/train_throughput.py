@@ -13,6 +13,9 @@ train.py runs them: yolov5n, ``create_dataloader`` with the hyp.shapes.yaml augm
 Threads: torch gets cpu_count // nproc threads per process (2 cores: 1 process x 2 threads,
 2 processes x 1 thread), so the training processes never oversubscribe the cores by
 themselves; loader workers then compete with them, which is what the workers column shows.
+The single process also runs with 1 thread (--one-proc-threads): on a shared, loaded
+machine 2 intra-op threads can be much slower than 1 (each parallel region waits for the
+slower thread, and a descheduled thread stalls it), which would inflate the DDP "speed-up".
 
 Runs are interleaved (1-proc, 2-proc, 1-proc, 2-proc, ... for each workers value, for
 --rounds rounds) so that a noisy shared machine slows both alike; the table gives medians.
@@ -215,22 +218,35 @@ def summarise(runs: list[dict]) -> dict:
     }
 
 
-def cpu_table(results: dict, opt: argparse.Namespace) -> str:
-    base = min(opt.nproc)
+def configurations(opt: argparse.Namespace, cores: int) -> list[tuple[int, int]]:
+    """(processes, torch threads per process) to run: cores // processes threads each, plus the extra 1-process ones."""
+    configs = []
+    for nproc in opt.nproc:
+        threads = max(cores // nproc, 1)
+        configs.append((nproc, threads))
+        if nproc == 1:
+            configs += [(1, t) for t in opt.one_proc_threads if t != threads]
+    return configs
+
+
+def cpu_table(results: dict, opt: argparse.Namespace, configs: list[tuple[int, int]]) -> str:
+    refs = [c for c in configs if c[0] == min(opt.nproc)]
+    ref_names = [f"vs {n} proc x {t} thr" for n, t in refs]
     lines = [
-        "| workers/proc | procs x batch | torch threads/proc | img/s (median; all runs) | vs 1 proc"
-        " | data wait ms/step | compute ms/step | timed epoch s: data + compute | data share |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workers/proc | procs x batch | torch threads/proc | img/s (median; all runs) | "
+        + " | ".join(ref_names)
+        + " | data wait ms/step | compute ms/step | timed epoch s: data + compute | data share |",
+        "|---" * (8 + len(refs)) + "|",
     ]
     for workers in opt.workers:
-        ref = results[(base, workers)]["ips"]
-        for nproc in opt.nproc:
-            s = results[(nproc, workers)]
+        for nproc, threads in configs:
+            s = results[(nproc, threads, workers)]
             runs = ", ".join(f"{x:.1f}" for x in s["ips_all"])
+            ratios = " | ".join(f"{s['ips'] / results[(*ref, workers)]['ips']:.2f}" for ref in refs)
             share = s["data_s"] / (s["data_s"] + s["compute_s"])
             lines.append(
-                f"| {s['workers']} | {nproc} x {opt.batch_size // nproc} | {s['threads']} | {s['ips']:.1f} ({runs})"
-                f" | {s['ips'] / ref:.2f} | {s['data_ms']:.0f} | {s['compute_ms']:.0f}"
+                f"| {s['workers']} | {nproc} x {opt.batch_size // nproc} | {threads} | {s['ips']:.1f} ({runs})"
+                f" | {ratios} | {s['data_ms']:.0f} | {s['compute_ms']:.0f}"
                 f" | {s['data_s']:.1f} + {s['compute_s']:.1f} | {share:.0%} |"
             )
     return "\n".join(lines)
@@ -242,10 +258,17 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--cfg", default="yolov5n.yaml", help="model yaml (configs/models/ or a path)")
     add("--imgsz", type=int, default=320, help="train image size (CPU runs)")
     add("--batch-size", type=int, default=16, help="TOTAL batch size, split over the processes")
-    add("--steps", type=int, default=8, help="timed steps per run, after the warm-up steps")
+    add("--steps", type=int, default=6, help="timed steps per run, after the warm-up steps")
     add("--warmup", type=int, default=2, help="untimed warm-up steps per run")
     add("--workers", type=int, nargs="+", default=[0, 1], help="loader workers per process (each value a run)")
     add("--nproc", type=int, nargs="+", default=[1, 2], help="process counts to compare")
+    add(
+        "--one-proc-threads",
+        type=int,
+        nargs="*",
+        default=[1],
+        help="extra torch thread counts for the 1-process runs (besides cores // 1): a reference for the efficiency",
+    )
     add("--rounds", type=int, default=2, help="interleaved repeats of every configuration")
     add("--hyp", default="hyp.shapes.yaml", help="augmentation and loss hyperparameters")
     add("--timeout", type=float, default=300, help="seconds before a run is killed")
@@ -289,18 +312,18 @@ def main(opt: argparse.Namespace) -> None:
         nc = len(json.loads((root / "shapes.json").read_text())["classes"])
         train = root / "images" / "train"
         out = Path(tmp) / "result.json"
-        runs: dict[tuple[int, int], list[dict]] = {}
+        configs = configurations(opt, cores)
+        runs: dict[tuple[int, int, int], list[dict]] = {}
         t0 = time.perf_counter()
         for rnd in range(opt.rounds):
             for workers in opt.workers:
-                for nproc in opt.nproc:
-                    threads = max(cores // nproc, 1)
+                for nproc, threads in configs:
                     args = worker_args(opt, train, nc, workers=workers)
                     r = launch(args, nproc, threads, out, opt.timeout)
-                    runs.setdefault((nproc, workers), []).append(r)
+                    runs.setdefault((nproc, threads, workers), []).append(r)
                     ips = r["batch_size"] * r["steps"] / r["wall"]
                     print(
-                        f"round {rnd + 1}/{opt.rounds} nproc {nproc} workers {r['workers']} threads {threads}: "
+                        f"round {rnd + 1}/{opt.rounds} nproc {nproc} threads {threads} workers {r['workers']}: "
                         f"{ips:.1f} img/s, data {r['data']:.2f}s compute {r['compute']:.2f}s "
                         f"({time.perf_counter() - t0:.0f}s elapsed)",
                         file=sys.stderr,
@@ -310,12 +333,13 @@ def main(opt: argparse.Namespace) -> None:
         print(
             f"\n## Training throughput: {opt.cfg} at {opt.imgsz}, total batch {opt.batch_size}, CPU ({cores} cores)\n"
         )
-        print(cpu_table(results, opt))
+        print(cpu_table(results, opt, configs))
         print(
             f"\n{opt.steps} timed steps after {opt.warmup} warm-up steps per run, {opt.rounds} interleaved rounds; "
-            "gloo DDP; torch threads = cores // procs. 'vs 1 proc' at the same workers is the DDP scaling "
-            "efficiency. 'timed epoch' sums the timed steps, one epoch of "
-            f"{opt.batch_size * opt.steps} images."
+            "gloo DDP; torch threads per process = cores // procs (extra 1-process rows: --one-proc-threads). "
+            "'vs 1 proc x T thr' at the same workers is the DDP scaling efficiency against that baseline. "
+            "Data wait and compute are per rank, averaged over ranks; 'timed epoch' sums them over the timed "
+            f"steps ({opt.batch_size * opt.steps} images of the epoch)."
         )
         print("\ncommand: python " + " ".join([os.path.relpath(__file__, Path.cwd()), *sys.argv[1:]]))
 
