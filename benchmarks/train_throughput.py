@@ -45,6 +45,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+GPU_WARMUP = 5  # cuDNN and the caching allocator settle in the first steps
 
 
 # ---------------------------------------------------------------- worker (one training process)
@@ -60,10 +61,10 @@ def train_steps(opt: argparse.Namespace) -> dict | None:
     from ddp_utils.detect import ComputeLoss, Model
     from ddp_utils.engine import smart_optimizer
 
-    info = du.init_distributed()
+    cuda = opt.device == "cuda"
+    info = du.init_distributed(backend="nccl" if cuda else "gloo")  # CPU runs on a GPU machine too
     finished = False
     try:
-        cuda = opt.device == "cuda"
         device = torch.device("cuda", max(info.local_rank, 0)) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
@@ -276,6 +277,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--gpu-imgsz", type=int, default=640)
     add("--gpu-batch-size", type=int, default=32)
     add("--gpu-workers", type=int, default=8)
+    add("--gpu-steps", type=int, default=20, help="timed steps of the GPU run, after 5 warm-up steps")
     add("--device", default="cpu", help=argparse.SUPPRESS)  # the workers' device
     add("--_worker", default=None, help=argparse.SUPPRESS)  # run as a training rank, write figures here
     add("--_threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -307,7 +309,7 @@ def main(opt: argparse.Namespace) -> None:
         n_train = opt.batch_size * (opt.warmup + opt.steps)
         gpu = torch.cuda.is_available()
         if gpu:
-            n_train = max(n_train, opt.gpu_batch_size * (opt.warmup + opt.steps))
+            n_train = max(n_train, opt.gpu_batch_size * (GPU_WARMUP + opt.gpu_steps))
         root = make_shapes_dataset(Path(tmp) / "shapes", n_train=n_train, n_val=0)
         nc = len(json.loads((root / "shapes.json").read_text())["classes"])
         train = root / "images" / "train"
@@ -354,6 +356,8 @@ def main(opt: argparse.Namespace) -> None:
             imgsz=opt.gpu_imgsz,
             batch_size=opt.gpu_batch_size,
             workers=opt.gpu_workers,
+            steps=opt.gpu_steps,
+            warmup=GPU_WARMUP,
             device="cuda",
         )
         r = summarise([launch(args, 1, max(cores // 2, 1), out, opt.timeout)])
