@@ -301,6 +301,8 @@ def main(opt: argparse.Namespace) -> None:
     from ddp_utils.data import make_shapes_dataset
 
     cores = os.cpu_count() or 1
+    if opt.steps < 1 or opt.warmup < 0 or opt.rounds < 1:
+        raise SystemExit(f"--steps {opt.steps} --warmup {opt.warmup} --rounds {opt.rounds}: need 1+, 0+ and 1+")
     bad = [n for n in opt.nproc if n < 1 or opt.batch_size % n]
     if bad:
         raise SystemExit(f"--nproc {bad}: every process count must divide --batch-size {opt.batch_size}")
