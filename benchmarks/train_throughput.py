@@ -342,7 +342,8 @@ def main(opt: argparse.Namespace) -> None:
             f"\n{opt.steps} timed steps after {opt.warmup} warm-up steps per run, {opt.rounds} interleaved rounds; "
             "gloo DDP; torch threads per process = cores // procs (extra 1-process rows: --one-proc-threads). "
             "'vs 1 proc x T thr' at the same workers is the DDP scaling efficiency against that baseline. "
-            "Data wait and compute are per rank, averaged over ranks; 'timed epoch' sums them over the timed "
+            "Data wait and compute are per rank, averaged over ranks (compute includes DDP's gradient all-reduce, "
+            "so a rank's wait for a slower peer); 'timed epoch' sums them over the timed "
             f"steps ({opt.batch_size * opt.steps} images of the epoch)."
         )
         print("\ncommand: python " + " ".join([os.path.relpath(__file__, Path.cwd()), *sys.argv[1:]]))
