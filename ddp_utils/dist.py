@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import os
 import re
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping
@@ -505,20 +506,70 @@ def _default_store() -> Any | None:
         return None
 
 
+HEARTBEAT_S = 2.0  # the leader's heartbeat period in a first-process section
+
+
+def _heartbeat_timeout() -> float:
+    value = os.environ.get("DDP_UTILS_HEARTBEAT_TIMEOUT", "")
+    try:
+        return float(value) if value else 60.0
+    except ValueError:
+        raise DistEnvError(f"DDP_UTILS_HEARTBEAT_TIMEOUT={value!r} is not a number of seconds") from None
+
+
+@contextlib.contextmanager
+def _heartbeat(store: Any, key: str) -> Iterator[None]:
+    """Count up ``key`` every HEARTBEAT_S seconds while the body runs, from a daemon thread."""
+    stop = threading.Event()
+    store.add(key, 1)  # the first beat says the leader is in: before it, it may only be late
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(Exception):  # the store going away is the followers' news
+                store.add(key, 1)
+
+    thread = threading.Thread(target=beat, name="ddp_utils-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _wait_for_key(store: Any, key: str, leader: int, deadline: float | None, log_every: float) -> None:
+    """Poll for ``key``; fail when the deadline passes or the leader's heartbeat stops.
+
+    A leader that raises publishes its error, but one killed outright (SIGKILL, the OOM
+    killer) publishes nothing: its heartbeat (``key/beat``, counted up every few seconds)
+    then stops moving, and after DDP_UTILS_HEARTBEAT_TIMEOUT seconds (default 60) the
+    followers give up instead of waiting for a launcher to end them. Counting changes
+    on the follower's own clock needs no clock agreement between nodes.
+    """
     start = time.monotonic()
     next_log = start + log_every
+    stale_after = _heartbeat_timeout()
+    last_beat, beat_seen_at = -1, start
     pause = 0.005
     while True:
         try:
             if store.check([key]):
                 return
+            beat = store.add(f"{key}/beat", 0)
         except Exception as exc:  # the store's host (rank 0 under env://) is gone
             raise RankFailedError(
                 f"rank {get_rank()}: lost the rendezvous store while waiting for rank {leader} "
                 f"to finish its first-process section ({type(exc).__name__}: {exc})"
             ) from exc
         now = time.monotonic()
+        if beat != last_beat:
+            last_beat, beat_seen_at = beat, now
+        elif beat > 0 and now - beat_seen_at > stale_after:
+            raise RankFailedError(
+                f"rank {get_rank()}: rank {leader} stopped responding in its first-process section "
+                f"(no heartbeat for {now - beat_seen_at:.0f} s): it was probably killed (OOM killer?); "
+                "see its log"
+            )
         if deadline is not None and now > deadline:
             raise RankFailedError(
                 f"rank {get_rank()}: gave up after {now - start:.0f} s waiting for rank {leader} "
@@ -561,7 +612,8 @@ def _leader_first(
     key = f"ddp_utils/first/{info.restart_count}/{scope}/{next(_section_counter)}"
     if is_leader:
         try:
-            yield
+            with _heartbeat(store, f"{key}/beat"):
+                yield
         except BaseException as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             store.set(key, f"error:{detail}")

@@ -314,3 +314,18 @@ def test_elastic_restart_forms_a_fresh_group():
     assert run.returncode == 0, describe([run])
     recs = sorted((json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")), key=lambda r: r["rank"])
     assert recs == [{"rank": 0, "attempt": 1, "total": 2.0}, {"rank": 1, "attempt": 1, "total": 2.0}]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
+    # SIGKILL publishes no error: the followers notice the heartbeat stop (5 s here, 60 by default)
+    workers = launch(
+        "tests.workers.dist_scenarios:zero_first_leader_killed", 4, timeout=90, nnodes=2,
+        env={"DDP_UTILS_HEARTBEAT_TIMEOUT": "5"},
+    )  # fmt: skip
+    assert workers[2].returncode == -9, describe(workers)
+    follower = json.loads(workers[3].stdout.strip().splitlines()[-1])
+    assert workers[3].returncode == 3, describe(workers)
+    assert "rank 2 stopped responding" in follower["error"] and follower["seconds"] < 30
+    assert [records([w])[0]["error"] for w in workers[:2]] == [None, None]  # node 0 is unaffected

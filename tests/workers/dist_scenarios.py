@@ -59,6 +59,33 @@ def zero_first_leader_raises(scope: str = "node") -> None:
     print("unreachable: rank passed a failed section")
 
 
+def zero_first_leader_killed() -> None:
+    """2 nodes of 2: node 1's first process (rank 2) dies by SIGKILL inside its section."""
+    import os
+    import signal
+
+    from ddp_utils.dist import _default_store
+
+    info = du.init_distributed(backend="gloo", timeout=600)
+    store = _default_store()
+    start = time.monotonic()
+    try:
+        with du.torch_distributed_zero_first(info.local_rank):
+            if info.rank == 2:
+                time.sleep(3)  # a few heartbeats first: the followers must notice them stop
+                os.kill(os.getpid(), signal.SIGKILL)
+    except du.RankFailedError as exc:
+        emit(json.dumps({"rank": info.rank, "error": str(exc), "seconds": time.monotonic() - start}))
+        store.add("test/reported", 1)
+        os._exit(3)
+    if info.rank == 0:  # it hosts the store: stay until rank 3 has reported (bounded)
+        deadline = time.monotonic() + 60
+        while store.add("test/reported", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    emit(json.dumps({"rank": info.rank, "error": None}))
+    os._exit(0)  # the group lost a member: leave without the cleanup barrier
+
+
 def long_body(body_seconds: str, timeout_seconds: str) -> None:
     info = du.init_distributed(backend="gloo", timeout=float(timeout_seconds))
     with du.torch_distributed_zero_first(info.local_rank):
