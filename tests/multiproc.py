@@ -58,6 +58,17 @@ def worker_env(rank: int, nprocs: int, port: int, nnodes: int = 1, extra: dict |
     return env
 
 
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launcher_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a command that is no rank itself: torchrun, or a plain ``python`` run."""
+    env = worker_env(0, 1, 0, extra=extra)
+    for name in LAUNCH_VARS:
+        env.pop(name)
+    return env
+
+
 def launch(
     target: str,
     nprocs: int,

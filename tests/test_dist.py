@@ -13,7 +13,7 @@ import torch
 import ddp_utils as du
 from ddp_utils.dist import DistEnvError, first_slurm_host
 
-from .multiproc import REPO_ROOT, collect, describe, free_port, launch, worker_env
+from .multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
 
 
 def records(workers):
@@ -263,9 +263,7 @@ def test_collectives_file_init(tmp_path):
 @pytest.mark.timeout(150)
 def test_torchrun_runs_the_helpers_demo():
     port = free_port()
-    env = worker_env(0, 1, port)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name)
+    env = launcher_env()
     cmd = [
         sys.executable,
         "-m",
@@ -300,9 +298,7 @@ def test_elastic_restart_forms_a_fresh_group():
     # torchrun keeps its store across restarts: without a prefix per attempt, the restarted
     # ranks read the dead attempt's gloo addresses and hang or fail to connect
     port = free_port()
-    env = worker_env(0, 1, port)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name)
+    env = launcher_env()
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
         "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "tests.workers.dist_scenarios", "restart",

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ddp_utils.profile import main as profile_main
 from ddp_utils.profiling import flops, format_table, gather_rows, model_info, parse_devices, profile
-from tests.multiproc import REPO_ROOT, collect, describe, free_port, launch, worker_env
+from tests.multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
 
 CUDA = torch.cuda.is_available()
 
@@ -289,9 +289,7 @@ def test_cli_torchvision_prints_both_tables():
     expected = sum(p.numel() for p in torchvision.models.resnet18(weights=None).parameters())
     cmd = [sys.executable, "-m", "ddp_utils.profile", "--torchvision", "resnet18", "--imgsz", "64"]
     cmd += ["--device", "cpu", "--n", "2"]
-    env = worker_env(0, 1, free_port())
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name)
+    env = launcher_env()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -345,9 +343,7 @@ def test_two_ranks_gather_rows_on_every_rank_rank0_prints():
 @pytest.mark.timeout(150)
 def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
     port = free_port()
-    env = worker_env(0, 1, port)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name)
+    env = launcher_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
     cmd += ["--master_port", str(port), "-m", "ddp_utils.profile", "--torchvision", "resnet18", "--imgsz", "32"]
     cmd += ["--device", "cpu", "--repeats", "2"]
@@ -366,9 +362,7 @@ def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
 def test_cli_profiles_the_detector_from_its_yaml():
     cmd = [sys.executable, "-m", "ddp_utils.profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu"]
     cmd += ["--n", "1"]
-    env = worker_env(0, 1, free_port())
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name)
+    env = launcher_env()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     # the exact yolov5n architecture, and 3 detection levels at strides 8, 16, 32

@@ -14,10 +14,9 @@ import pytest
 
 from ddp_utils.engine import load_checkpoint
 
-from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, kill_tree, worker_env
+from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, kill_tree, launcher_env
 
 TINY = {"n_train": 32, "n_val": 16, "size": "[128, 160]", "imgsz": 128}
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def tiny_data_yaml(directory: Path, name: str = "tiny") -> Path:
@@ -33,10 +32,7 @@ def tiny_data_yaml(directory: Path, name: str = "tiny") -> Path:
 
 
 def train_env(datasets: Path | None = None) -> dict[str, str]:
-    env = worker_env(0, 1, free_port())
-    for name in LAUNCH_VARS:
-        env.pop(name)
-    env["OMP_NUM_THREADS"] = "1"
+    env = launcher_env()
     if datasets is not None:
         env["DDP_UTILS_DATASETS_DIR"] = str(datasets)
     return env

@@ -19,6 +19,7 @@ import itertools
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -138,11 +139,36 @@ class _EpochStream:
 
 
 def _init_worker(worker_id: int) -> None:
-    # A preemption SIGTERM reaches the whole process group; the training process catches it
-    # to save and stop at the end of the step, so its workers must not die under it mid-batch.
-    # They stop when the loader shuts them down, or by themselves when their parent is gone.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _outlive_group_sigterm()
     seed_worker(worker_id)
+
+
+def _outlive_group_sigterm() -> None:
+    """Let a data-loader worker ignore a SIGTERM sent to its whole process group, but not its parent's.
+
+    Preemption (torchrun's agent, a scheduler) sends SIGTERM to the process group; the
+    training process catches it to finish its step and save, so its workers must not die
+    under it mid-batch. A SIGTERM from the training process itself (multiprocessing ending
+    its workers at exit) must still end the worker, or that exit would wait forever. The
+    sender's pid tells them apart: SIGTERM is blocked and a thread takes it with
+    ``sigwaitinfo``. Where that is not available (macOS, Windows) SIGTERM keeps its default.
+    """
+    if not hasattr(signal, "sigwaitinfo") or threading.current_thread() is not threading.main_thread():
+        return
+    parent = os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def take_sigterm() -> None:
+        while True:
+            info = signal.sigwaitinfo({signal.SIGTERM})
+            if info.si_pid == parent or os.getppid() != parent:
+                # die of the signal itself, as an unprotected worker would: the loader reads a
+                # SIGTERM death as a worker it stopped, an exit code as a crash
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+                os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=take_sigterm, name="ddp_utils-sigterm", daemon=True).start()
 
 
 class EpochLoader:
@@ -338,21 +364,21 @@ def create_dataloader(
         pad=pad,
         seed=seed,
     )
+    collate = YoloDataset.collate_fn4 if quad else YoloDataset.collate_fn
+    return _loader(dataset, batch_size, rank, workers, collate, rect, shuffle=shuffle, seed=seed, pad=True), dataset
+
+
+def _loader(dataset: YoloDataset, batch_size: int, rank: int, workers: int, collate, rect: bool, *, shuffle: bool,
+            seed: int, pad: bool) -> EpochLoader:  # fmt: skip
+    """Shard ``dataset`` over the process group (padded shards for training, exact ones for evaluation)."""
     global_rank, world_size = _group() if rank != -1 else (-1, 1)
-    sampler = EpochSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed, pad=True)
+    sampler = EpochSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed, pad=pad)
     if rect:
         dataset.set_batches(sampler.rect_batches())
-    collate = YoloDataset.collate_fn4 if quad else YoloDataset.collate_fn
-    loader = EpochLoader(
-        dataset,
-        sampler,
-        collate,
-        _workers(workers, batch_size),
-        pin_memory=torch.cuda.is_available(),
-        seed=seed,
+    return EpochLoader(
+        dataset, sampler, collate, _workers(workers, batch_size), pin_memory=torch.cuda.is_available(), seed=seed,
         rank=global_rank,
-    )
-    return loader, dataset
+    )  # fmt: skip
 
 
 def create_val_dataloader(
@@ -388,16 +414,5 @@ def create_val_dataloader(
         stride=int(stride),
         pad=pad,
     )
-    global_rank, world_size = _group() if rank != -1 else (-1, 1)
-    sampler = EpochSampler(len(dataset), batch_size, global_rank, world_size, shuffle=False, pad=False)
-    if rect:
-        dataset.set_batches(sampler.rect_batches())
-    loader = EpochLoader(
-        dataset,
-        sampler,
-        YoloDataset.collate_fn,
-        _workers(workers, batch_size),
-        pin_memory=torch.cuda.is_available(),
-        rank=global_rank,
-    )
+    loader = _loader(dataset, batch_size, rank, workers, YoloDataset.collate_fn, rect, shuffle=False, seed=0, pad=False)
     return loader, dataset

@@ -30,7 +30,7 @@ from ddp_utils.engine import (
     strip_optimizer,
 )
 
-from ..multiproc import REPO_ROOT, worker_env
+from ..multiproc import REPO_ROOT, launcher_env
 
 
 def trained_state():
@@ -194,9 +194,7 @@ def test_strip_optimizer_halves_and_drops_state(tmp_path):
 def test_target_survives_sigkill_during_saves(tmp_path):
     target = tmp_path / "last.pt"
     rng = random.Random(1234)
-    env = worker_env(0, 1, 0)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name)  # a single process: it is the main process
+    env = launcher_env()  # a single process: it is the main process
     tags_seen, mid_write_kills = [], 0
     for attempt in range(5):
         proc = subprocess.Popen(

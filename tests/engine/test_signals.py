@@ -12,7 +12,7 @@ import pytest
 
 from ddp_utils.engine import PreemptionHandler
 
-from ..multiproc import REPO_ROOT, collect, describe, launch, worker_env
+from ..multiproc import REPO_ROOT, collect, describe, launch, launcher_env
 
 
 def last_json(text: str) -> dict:
@@ -20,9 +20,7 @@ def last_json(text: str) -> dict:
 
 
 def single_process_env() -> dict[str, str]:
-    env = worker_env(0, 1, 0)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-        env.pop(name)
+    env = launcher_env()
     return env
 
 
