@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pickle
 import subprocess
@@ -19,19 +18,6 @@ import torch
 from ddp_utils.data import images
 from ddp_utils.data.images import DiskImageCache, SharedImageCache, load_image, normalize_cache, resized_shape
 from tests.multiproc import REPO_ROOT, describe, launch
-
-
-@pytest.fixture
-def ddp_log(caplog):
-    """caplog that sees the ddp_utils logger even after set_logging() stopped its propagation."""
-    from ddp_utils.log import LOGGER
-
-    old = LOGGER.level
-    LOGGER.addHandler(caplog.handler)
-    LOGGER.setLevel(logging.INFO)
-    yield caplog
-    LOGGER.removeHandler(caplog.handler)
-    LOGGER.setLevel(old)
 
 
 def write_images(directory: Path, sizes: list[tuple[int, int]], seed: int = 0) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -13,19 +12,6 @@ from ddp_utils.data.loader import EpochSampler, create_dataloader, create_val_da
 from ddp_utils.data.synthetic import make_shapes_dataset
 from tests.multiproc import describe, launch
 from tests.workers.data_scenarios import HYP
-
-
-@pytest.fixture
-def ddp_log(caplog):
-    """caplog that sees the ddp_utils logger even after set_logging() stopped its propagation."""
-    from ddp_utils.log import LOGGER
-
-    old = LOGGER.level
-    LOGGER.addHandler(caplog.handler)
-    LOGGER.setLevel(logging.INFO)
-    yield caplog
-    LOGGER.removeHandler(caplog.handler)
-    LOGGER.setLevel(old)
 
 
 @pytest.fixture(scope="module")
