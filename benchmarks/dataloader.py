@@ -36,20 +36,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HYP = {
-    "hsv_h": 0.015,
-    "hsv_s": 0.7,
-    "hsv_v": 0.4,
-    "degrees": 0.0,
-    "translate": 0.1,
-    "scale": 0.5,
-    "shear": 0.0,
-    "perspective": 0.0,
-    "flipud": 0.0,
-    "fliplr": 0.5,
-    "mosaic": 1.0,
-    "mixup": 0.0,
-}
+from ddp_utils.data import load_hyp  # noqa: E402  (after the repo is on sys.path)
+
+HYP = load_hyp("hyp.scratch-low.yaml")  # YOLOv5's augmentation: all-mosaic, no mixup
 
 
 def pss_kib(pid: int) -> int:

@@ -14,22 +14,10 @@ import numpy as np
 import torch
 
 import ddp_utils as du
+from ddp_utils.data import load_hyp
 from ddp_utils.data.loader import create_dataloader, create_val_dataloader
 
-HYP = {
-    "hsv_h": 0.015,
-    "hsv_s": 0.7,
-    "hsv_v": 0.4,
-    "degrees": 0.0,
-    "translate": 0.1,
-    "scale": 0.5,
-    "shear": 0.0,
-    "perspective": 0.0,
-    "flipud": 0.0,
-    "fliplr": 0.5,
-    "mosaic": 1.0,
-    "mixup": 0.0,
-}
+HYP = load_hyp("hyp.scratch-low.yaml")  # YOLOv5's augmentation: all-mosaic, no mixup
 
 
 def _epoch(loader, epoch: int) -> tuple[list[str], float]:
