@@ -180,6 +180,25 @@ def test_hsv_in_place_and_seeded():
     assert not np.array_equal(a, rng_img)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hsv_scales_each_channel_by_its_gain(seed):
+    img = np.random.default_rng(seed).integers(0, 256, (64, 64, 3)).astype(np.uint8)
+    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV).astype(np.float64)
+    gh, gs, gv = np.random.default_rng(seed).uniform(-1, 1, 3) * (0.1, 0.7, 0.4) + 1
+    out = img.copy()
+    augment_hsv(out, 0.1, 0.7, 0.4, np.random.default_rng(seed))
+    got = cv2.cvtColor(out, cv2.COLOR_BGR2HSV).astype(np.float64)
+    value, sat = np.minimum(hsv[..., 2] * gv, 255), np.minimum(hsv[..., 1] * gs, 255)
+    hue = (hsv[..., 0] * gh) % 180
+    # reading HSV back from 8-bit BGR loses a little, most for hue in dark or grey pixels
+    assert np.abs(got[..., 2] - value).max() <= 1
+    bright = value > 128
+    assert np.abs(got[..., 1] - sat)[bright].max() <= 4
+    colourful = bright & (sat > 128)
+    hue_error = np.abs(got[..., 0] - hue)[colourful]
+    assert np.minimum(hue_error, 180 - hue_error).max() <= 2
+
+
 def test_box_candidates_and_transform_boxes():
     before = np.array([[0, 0, 100, 100], [0, 0, 100, 100], [0, 0, 100, 100]], np.float32)
     after = np.array([[0, 0, 90, 90], [0, 0, 1, 50], [0, 0, 20, 20]], np.float32)
