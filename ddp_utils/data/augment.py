@@ -13,7 +13,7 @@ its part of the final ``imgsz x imgsz`` image.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import cv2
 import numpy as np
@@ -302,8 +302,17 @@ def _tile_source(
     return img[r1:r2, c1:c2], place
 
 
+def _lands_in(m: np.ndarray, x0: float, y0: float, x1: float, y1: float, size: int) -> bool:
+    # Whether the rectangle [x0, x1] x [y0, y1], mapped by m, reaches into the size x size output
+    # (its bounding box does: a rotated corner that only grazes it still counts).
+    corners = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], np.float64) @ m.T
+    xy = corners[:, :2] / corners[:, 2:3]
+    (left, top), (right, bottom) = xy.min(0), xy.max(0)
+    return bool(right > 0 and bottom > 0 and left < size and top < size)
+
+
 def mosaic4(
-    images: Sequence[np.ndarray],
+    images: Sequence[np.ndarray | Callable[[], np.ndarray]],
     labels: Sequence[np.ndarray],
     imgsz: int,
     rng: np.random.Generator,
@@ -315,10 +324,13 @@ def mosaic4(
     Equivalent to placing the tiles on a ``2 * imgsz`` canvas and warping that canvas to
     ``imgsz`` (YOLOv5's mosaic then random_perspective), without the canvas. With
     ``sizes``, the images may come straight from the decoder: the resize to each tile's
-    size is folded into the same warp, so it costs nothing extra.
+    size is folded into the same warp, so it costs nothing extra; and an image may be a
+    function that decodes it, called only when its tile lands in the output (at high zoom
+    some tiles fall wholly outside it, and are never decoded).
 
     Args:
-        images: four HWC images, long side about ``imgsz`` (read-only views are fine).
+        images: four HWC images, long side about ``imgsz`` (read-only views are fine),
+            or functions returning them (then ``sizes`` is needed).
         labels: four [n, 5] (class, x1, y1, x2, y2) arrays in pixels of each tile's size.
         imgsz: output side.
         rng: the random generator.
@@ -341,12 +353,14 @@ def mosaic4(
         hyp.get("shear", 0.0),
         hyp.get("perspective", 0.0),
     )
-    out = np.full((s, s, images[0].shape[2]), PAD_COLOR[0], dtype=np.uint8)
+    out = np.full((s, s, 3), PAD_COLOR[0], dtype=np.uint8)
     placed = []
     for k, (img, lab) in enumerate(zip(images, labels)):
         h, w = sizes[k] if sizes is not None else img.shape[:2]
         x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
-        if x2b > x1b and y2b > y1b:
+        if x2b > x1b and y2b > y1b and _lands_in(m, x1a, y1a, x1a + x2b - x1b, y1a + y2b - y1b, s):
+            if callable(img):
+                img = img()
             src, place = _tile_source(img, h, w, x1b, y1b, x2b, y2b)
             shift = np.array([[1, 0, x1a - x1b], [0, 1, y1a - y1b], [0, 0, 1]], np.float64)
             _warp_into(out, src, m @ shift @ place)

@@ -9,12 +9,13 @@ number of workers, the rank that draws it, or how often the workers were restart
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple, Union
 
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from ..seed import derive_seed
 from .augment import (
@@ -176,9 +177,10 @@ class YoloDataset(Dataset):
         indices = rng.permutation([index, *rng.integers(0, len(self), 3)])
         images, labels, sizes = [], [], []
         for i in map(int, indices):
-            if self.cache is None:  # decoded only: mosaic4 folds the resize into its warp
-                img = read_image(self.im_files[i])
-                h, w = resized_shape(*img.shape[:2], self.imgsz)
+            if self.cache is None:  # decoded only if its tile shows; mosaic4 folds the resize into its warp
+                img = partial(read_image, self.im_files[i])
+                w0, h0 = self.shapes[i]
+                h, w = resized_shape(int(h0), int(w0), self.imgsz)
             else:
                 img, _, (h, w) = self.load_image(i)
             images.append(img)
@@ -248,7 +250,9 @@ class YoloDataset(Dataset):
         imgs, labels, paths, shapes = zip(*batch)
         for i, lb in enumerate(labels):
             lb[:, 0] = i
-        return torch.stack(imgs, 0), torch.cat(labels, 0), paths, shapes
+        # default_collate stacks straight into shared memory in a worker, where torch.stack
+        # would make a batch that is copied once more to cross to the main process
+        return default_collate(list(imgs)), torch.cat(labels, 0), paths, shapes
 
     @staticmethod
     def collate_fn4(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
@@ -283,4 +287,4 @@ class YoloDataset(Dataset):
             out_labels.append(lb.clone())
         for q, lb in enumerate(out_labels):
             lb[:, 0] = q
-        return torch.stack(out_imgs, 0), torch.cat(out_labels, 0), paths[::4], shapes[::4]
+        return default_collate(out_imgs), torch.cat(out_labels, 0), paths[::4], shapes[::4]

@@ -15,6 +15,7 @@ Three small pieces:
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import os
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -140,7 +142,29 @@ class _EpochStream:
 
 def _init_worker(worker_id: int) -> None:
     _outlive_group_sigterm()
+    _keep_freed_memory()
+    cv2.setNumThreads(0)  # the workers are the parallelism; OpenCV threads inside each would oversubscribe
     seed_worker(worker_id)
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc's malloc keep freed memory for reuse in this process, instead of returning it.
+
+    A worker frees a batch's worth of images every batch and allocates as many again for
+    the next. By default glibc hands large blocks back to the kernel (munmap, heap trim),
+    and every new one then costs a page fault per 4 KiB page: about a third of a worker's
+    CPU time in a VM. Keeping blocks up to 32 MiB on the heap, and trimming only past
+    256 MiB free, makes the pages stay mapped. No-op on other C libraries.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    mallopt(m_mmap_threshold, 32 * 2**20)  # the largest it accepts on 64-bit
+    mallopt(m_trim_threshold, 256 * 2**20)
 
 
 def _outlive_group_sigterm() -> None:

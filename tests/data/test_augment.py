@@ -142,6 +142,30 @@ def test_mosaic_folds_the_resize_into_the_warp():
     assert (np.abs(out.astype(int) - ref.astype(int)).max(2) > 60).mean() < 0.03  # edges, <= 1 px apart
 
 
+@pytest.mark.parametrize("degrees", [0, 10])
+def test_mosaic_decodes_only_the_tiles_it_shows(degrees):
+    s = 128
+    images, labels = mosaic_inputs(s, np.random.default_rng(5))
+    sizes = [im.shape[:2] for im in images]
+    hyp = {"degrees": degrees, "translate": 0.1, "scale": 0.9, "shear": 0}  # zoom up to 1.9
+    decoded = 0
+
+    def lazy(img):
+        def decode():
+            nonlocal decoded
+            decoded += 1
+            return img
+
+        return decode
+
+    for seed in range(40):
+        ref, ref_labels = mosaic4(images, labels, s, np.random.default_rng(seed), hyp, sizes=sizes)
+        out, new = mosaic4([lazy(im) for im in images], labels, s, np.random.default_rng(seed), hyp, sizes=sizes)
+        np.testing.assert_array_equal(out, ref)
+        np.testing.assert_array_equal(new, ref_labels)
+    assert 40 * 2 < decoded < 40 * 4  # some tiles fell outside the output and were never decoded
+
+
 def test_mosaic_equals_canvas_then_warp():
     """One warp per tile gives the 2x canvas + one warp of YOLOv5's mosaic, up to interpolation at seams."""
     s = 128

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -142,3 +143,37 @@ def test_two_processes_shards_epochs_and_label_cache(tmp_path):
     assert len(val) == len(set(val)) == 9
     rect = recs[0]["rect"] + recs[1]["rect"]
     assert len(rect) == 10 and set(rect) == set(val)  # 9 images padded to 2 x 5
+
+
+class _BatchChurn(torch.utils.data.Dataset):
+    """Allocates and frees a batch's worth of image-sized arrays, as a loader worker does, and
+    reports the page faults of the later rounds."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> int:
+        import resource
+
+        def churn() -> None:
+            images = [np.ones((640, 640, 3), np.uint8) for _ in range(16)]
+            del images
+
+        churn()  # the first round maps the memory
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(5):
+            churn()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
+    from ddp_utils.data.loader import _init_worker
+
+    def faults(init) -> int:
+        loader = torch.utils.data.DataLoader(_BatchChurn(), batch_size=None, num_workers=1, worker_init_fn=init)
+        return next(iter(loader))
+
+    pages = 5 * 16 * 640 * 640 * 3 // 4096
+    assert faults(_init_worker) < 0.05 * pages
+    assert faults(None) > 0.5 * pages  # what the default malloc does, so the check above means something
