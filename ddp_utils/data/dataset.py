@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple, Union
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
 from ..seed import derive_seed
 from .augment import (
@@ -37,6 +37,21 @@ if TYPE_CHECKING:
     from .labels import LabelSet
 
 Shapes = Union[tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]], None]
+
+
+def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(images)`` in memory from NumPy's allocator.
+
+    A batch is tens of MB; torch's CPU allocator hands back fresh pages for each one (a
+    page fault per 4 KiB, ~1 ms per batch image in a VM), where glibc reuses the block
+    NumPy freed with the previous batch.
+
+    Examples:
+        >>> stack_images([torch.zeros(3, 2, 2, dtype=torch.uint8)] * 4).shape
+        torch.Size([4, 3, 2, 2])
+    """
+    out = torch.from_numpy(np.empty((len(images), *images[0].shape), dtype=np.uint8))
+    return torch.stack(list(images), 0, out=out)
 
 
 class SampleKey(NamedTuple):
@@ -250,9 +265,7 @@ class YoloDataset(Dataset):
         imgs, labels, paths, shapes = zip(*batch)
         for i, lb in enumerate(labels):
             lb[:, 0] = i
-        # default_collate stacks straight into shared memory in a worker, where torch.stack
-        # would make a batch that is copied once more to cross to the main process
-        return default_collate(list(imgs)), torch.cat(labels, 0), paths, shapes
+        return stack_images(imgs), torch.cat(labels, 0), paths, shapes
 
     @staticmethod
     def collate_fn4(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
@@ -287,4 +300,4 @@ class YoloDataset(Dataset):
             out_labels.append(lb.clone())
         for q, lb in enumerate(out_labels):
             lb[:, 0] = q
-        return default_collate(out_imgs), torch.cat(out_labels, 0), paths[::4], shapes[::4]
+        return stack_images(out_imgs), torch.cat(out_labels, 0), paths[::4], shapes[::4]

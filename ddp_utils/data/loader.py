@@ -15,6 +15,7 @@ Three small pieces:
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
 import math
@@ -22,6 +23,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from ..log import LOGGER
 from ..seed import derive_seed, loader_generator, seed_worker
 from .dataset import SampleKey, YoloDataset
 from .labels import find_images, label_cache_path, load_labels
+from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack
 
 
 class EpochSampler:
@@ -131,10 +134,12 @@ class _EpochStream:
     def __init__(self, sampler: EpochSampler) -> None:
         self.sampler = sampler
         self.start = 0
+        self.pool: BatchPool | None = None  # when set, each batch is asked for with a free slot of it
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
         for epoch in itertools.count(self.start):
-            yield from self.sampler.epoch_batches(epoch)
+            for keys in self.sampler.epoch_batches(epoch):
+                yield keys if self.pool is None else BatchRequest(keys, self.pool.acquire())
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -195,6 +200,17 @@ def _outlive_group_sigterm() -> None:
     threading.Thread(target=take_sigterm, name="ddp_utils-sigterm", daemon=True).start()
 
 
+_RUNNING: weakref.WeakSet[EpochLoader] = weakref.WeakSet()  # loaders whose workers may be alive
+
+
+@atexit.register
+def _stop_running_loaders() -> None:
+    # Before multiprocessing's own exit handler (registered earlier, so run later), which
+    # would SIGTERM the workers and make torch report each as "killed by signal".
+    for loader in list(_RUNNING):
+        loader.close()
+
+
 class EpochLoader:
     """A loader whose workers live across epochs; ``set_epoch(e)`` always gives epoch ``e``.
 
@@ -215,13 +231,15 @@ class EpochLoader:
     ) -> None:
         self.dataset, self.sampler = dataset, sampler
         self.batch_size = sampler.batch_size
-        self.num_workers = num_workers
+        self.num_workers, self.pin_memory = num_workers, pin_memory
         self._stream = _EpochStream(sampler)
+        self._pool: BatchPool | None = None
+        self._collate = PooledCollate(collate_fn, None) if num_workers > 0 else None
         self._loader = DataLoader(
-            dataset,
+            PooledDataset(dataset) if num_workers > 0 else dataset,
             batch_sampler=self._stream,
             num_workers=num_workers,
-            collate_fn=collate_fn,
+            collate_fn=self._collate or collate_fn,
             pin_memory=pin_memory,
             worker_init_fn=_init_worker,
             generator=loader_generator(seed, rank),
@@ -252,8 +270,15 @@ class EpochLoader:
 
     def _restart(self, epoch: int) -> None:
         self._iterator = None  # shuts the old workers down
+        if self._collate is not None:
+            if self._pool is None:
+                self._pool = _batch_pool(self.dataset, self.batch_size, self.num_workers, self._loader.prefetch_factor)
+            else:
+                self._pool.release_all()  # no worker is left to write into a slot
+            self._collate.pool = self._stream.pool = self._pool  # the new workers inherit it
         self._stream.start = epoch
         self._iterator = iter(self._loader)
+        _RUNNING.add(self)
         self._position = (epoch, 0)
         self._stale = False
 
@@ -266,7 +291,7 @@ class EpochLoader:
             self._restart(epoch)
         for k in range(total):
             try:
-                batch = next(self._iterator)
+                batch = unpack(next(self._iterator), self._pool, self.pin_memory)
             except (EOFError, ConnectionError) as exc:
                 raise RuntimeError(self._worker_death(exc)) from exc
             except BaseException:
@@ -296,6 +321,23 @@ class EpochLoader:
         """Stop the workers now (they also stop when the loader is garbage collected)."""
         self._iterator = None
         self._position = None
+        if self._collate is not None:  # and free the shared memory; a next epoch makes it again
+            self._pool = self._collate.pool = self._stream.pool = None
+
+
+def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetch: int) -> BatchPool | None:
+    """Shared memory for the batches in flight, sized for the largest batch; None when there is none to spare."""
+    if dataset.rect:
+        pixels = int(np.prod(dataset.batch_shapes, axis=1).max())
+    else:
+        pixels = dataset.imgsz**2  # mosaics and letterboxed images (a quad batch has as many pixels)
+    # in flight: the DataLoader's prefetch per worker, the batch being copied out, one spare
+    slots, slot_bytes = prefetch * num_workers + 2, 3 * pixels * batch_size
+    try:
+        return BatchPool(slots, slot_bytes)
+    except (RuntimeError, OSError) as exc:  # /dev/shm too small (a container's 64 MB default)
+        LOGGER.debug(f"no shared batch pool ({slots} x {slot_bytes / 2**20:.0f} MiB): {exc}")
+        return None
 
 
 def _workers(workers: int, batch_size: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 
 from ddp_utils.data.loader import EpochSampler, create_dataloader, create_val_dataloader
 from ddp_utils.data.synthetic import make_shapes_dataset
-from tests.multiproc import describe, launch
+from tests.multiproc import REPO_ROOT, describe, launch
 from tests.workers.data_scenarios import HYP
 
 
@@ -177,3 +178,14 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     pages = 5 * 16 * 640 * 640 * 3 // 4096
     assert faults(_init_worker) < 0.05 * pages
     assert faults(None) > 0.5 * pages  # what the default malloc does, so the check above means something
+
+
+def test_exit_with_a_loader_half_way_is_quiet(root):
+    code = (
+        "from ddp_utils.data.loader import create_dataloader\n"
+        f"loader, _ = create_dataloader({str(root / 'images' / 'train')!r}, 64, 4, 32, workers=2, shuffle=True)\n"
+        "next(iter(loader))\n"  # and exit with the workers running
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "Exception" not in done.stderr and "killed by signal" not in done.stderr, done.stderr

@@ -1,0 +1,93 @@
+"""Batches through the reused shared-memory slots: the same images as without workers, never overwritten."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddp_utils.data.loader as loader_module
+from ddp_utils.data.loader import create_dataloader
+from ddp_utils.data.synthetic import make_shapes_dataset
+from ddp_utils.data.transfer import BatchPool, SlotImages
+from tests.workers.data_scenarios import HYP
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return (
+        make_shapes_dataset(tmp_path_factory.mktemp("transfer") / "shapes", 20, 0, size=(96, 160)) / "images" / "train"
+    )
+
+
+@pytest.fixture
+def pooled_batches(monkeypatch):
+    """Counts the batches that came through a slot."""
+    seen = []
+    unpack = loader_module.unpack
+
+    def counting(batch, pool, pin_memory=False):
+        seen.append(isinstance(batch[0], SlotImages))
+        return unpack(batch, pool, pin_memory)
+
+    monkeypatch.setattr(loader_module, "unpack", counting)
+    return seen
+
+
+def epochs(loader, count):
+    held = []
+    for epoch in range(count):
+        loader.set_epoch(epoch)
+        held += [(imgs, targets, paths) for imgs, targets, paths, _ in loader]
+    return held
+
+
+@pytest.mark.parametrize("mode", ["mosaic", "rect", "quad"])
+def test_slots_give_the_images_of_the_usual_way(images, pooled_batches, monkeypatch, mode):
+    kw = dict(hyp=HYP, augment=mode != "rect", rect=mode == "rect", quad=mode == "quad", shuffle=mode != "rect")
+    pooled, _ = create_dataloader(images, 64, 4, 32, workers=2, seed=3, **kw)
+    # three epochs, every batch held to the end: slots are reused many times over meanwhile
+    got = epochs(pooled, 3)
+    assert len(got) == 15 and len(pooled_batches) == 15 and all(pooled_batches)
+    # all copied out and freed, but for the next epoch's batches the workers prefetched meanwhile
+    assert pooled._pool.free_slots >= len(pooled._pool.buffers) - 2 * pooled.num_workers
+    pooled.close()
+    assert pooled._pool is None
+
+    monkeypatch.setattr(loader_module, "_batch_pool", lambda *args: None)
+    usual, _ = create_dataloader(images, 64, 4, 32, workers=2, seed=3, **kw)
+    references = [epochs(usual, 3)]
+    if mode != "quad":  # quad's grid-or-upsample draw is seeded per worker: not the same without workers
+        references.append(epochs(create_dataloader(images, 64, 4, 32, workers=0, seed=3, **kw)[0], 3))
+    assert not any(pooled_batches[15:])
+    for reference in references:
+        for (im_a, t_a, p_a), (im_b, t_b, p_b) in zip(got, reference, strict=True):
+            assert p_a == p_b and torch.equal(t_a, t_b)
+            assert torch.equal(im_a, im_b)
+
+
+def test_restart_frees_the_slots_of_abandoned_batches(images, pooled_batches):
+    loader, _ = create_dataloader(images, 64, 4, 32, hyp=HYP, augment=True, shuffle=True, workers=2)
+    loader.set_epoch(0)
+    for _ in zip(range(2), loader):  # the workers hold prefetched batches in slots
+        pass
+    assert loader._pool.free_slots < len(loader._pool.buffers)
+    full = epochs(loader, 1)  # a restart at epoch 0
+    assert len(full) == 5 and all(pooled_batches)
+    assert loader._pool.free_slots >= len(loader._pool.buffers) - 2 * loader.num_workers
+
+
+def test_batches_without_a_slot_travel_the_usual_way():
+    pool = BatchPool(slots=1, slot_bytes=3 * 4 * 4 * 2)
+    batch = torch.randint(0, 255, (2, 3, 4, 4), dtype=torch.uint8)
+    slot = pool.acquire()
+    assert slot == 0 and pool.acquire() == -1  # all taken: the next batch gets none
+    assert pool.put(-1, batch) is batch
+    assert pool.put(slot, torch.cat([batch, batch])) is not None  # too big for the slot
+    assert isinstance(pool.put(slot, torch.cat([batch, batch])), torch.Tensor)
+    assert pool.put(slot, batch.float()) is not None and not isinstance(pool.put(slot, batch.float()), SlotImages)
+    ref = pool.put(slot, batch)
+    assert isinstance(ref, SlotImages)
+    out = pool.take(ref)
+    assert torch.equal(out, batch) and pool.free_slots == 1
+    pool.buffers[0].zero_()  # the copy is the caller's own
+    assert torch.equal(out, batch)
