@@ -19,6 +19,7 @@ Never run by the tests.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -132,20 +133,25 @@ def build_loader(images: Path, workers: int, cache: str | None, imgsz: int, batc
 def epoch_rate(loader, epoch: int) -> tuple[float, float]:
     """(images per second, CPU milliseconds per image) over one epoch, in steady state.
 
-    The workers persist between epochs and prefetch ``2 * workers`` batches of the next
-    one while idle: those are skipped, and the clocks start when they have been taken.
-    CPU time (this process and its workers) is what a shared, noisy machine cannot
-    inflate: it is the cost of an image, whatever else runs.
+    The workers persist between epochs and, while idle, prefetch ``2 * workers`` batches of
+    the next one. The wall clock skips those and starts when they have been taken. The CPU
+    clock runs from the epoch's start until the workers are idle again, so it holds this
+    epoch's batches but the prefetched ones and the next epoch's prefetch instead: the same
+    work, divided by all the epoch's images. CPU time (this process and its workers) is
+    what a shared, noisy machine cannot inflate: it is the cost of an image, whatever else runs.
     """
     skip = 2 * loader.num_workers
     loader.set_epoch(epoch)
-    n, t, cpu = 0, time.perf_counter(), process_cpu()
+    n, images, t, cpu = 0, 0, time.perf_counter(), process_cpu()
     for k, (imgs, *_) in enumerate(loader):
+        images += imgs.shape[0]
         if k < skip:
-            t, cpu = time.perf_counter(), process_cpu()
+            t = time.perf_counter()
         else:
             n += imgs.shape[0]
-    return n / (time.perf_counter() - t), (process_cpu() - cpu) * 1000 / max(n, 1)
+    rate = n / (time.perf_counter() - t)
+    wait_until_workers_idle()
+    return rate, (process_cpu() - cpu) * 1000 / max(images, 1)
 
 
 def process_cpu() -> float:
@@ -201,25 +207,33 @@ def decode_bound(files: list[str], imgsz: int, samples: int, pool: ProcessPoolEx
     return done / (time.perf_counter() - t), sum(r[1] for r in results) * 1000 / done
 
 
-def label_cache_times(root: Path, n: int, size: tuple[int, int]) -> dict:
+def label_cache_times(root: Path, n: int, size: tuple[int, int], repeats: int = 5) -> dict:
+    """Median cold build (no cache file) and warm start (cache file, fresh process state) times.
+
+    A full garbage collection runs before each timed call: with torch imported, the first
+    one in a process takes ~0.2 s wherever it falls, and is no part of the label scan.
+    """
     from ddp_utils.data import labels as labels_mod
     from ddp_utils.data.labels import find_images, label_cache_path, load_labels
 
     images = make_dataset(root, n, size)
     im_files = find_images(images)
     cache = label_cache_path(im_files)
-    if cache.exists():
-        cache.unlink()
-    labels_mod._MEMORY_CACHE.clear()
-    t = time.perf_counter()
-    cold = load_labels(im_files, cache)
-    cold_s = time.perf_counter() - t
-    labels_mod._MEMORY_CACHE.clear()
-    t = time.perf_counter()
-    warm = load_labels(im_files, cache)
-    warm_s = time.perf_counter() - t
-    assert cold.cache_written and warm.cache_loaded
-    return {"n": n, "cold_s": cold_s, "warm_s": warm_s}
+    cold_s, warm_s = [], []
+    for _ in range(repeats):
+        cache.unlink(missing_ok=True)
+        labels_mod._MEMORY_CACHE.clear()
+        gc.collect()
+        t = time.perf_counter()
+        cold = load_labels(im_files, cache)
+        cold_s.append(time.perf_counter() - t)
+        labels_mod._MEMORY_CACHE.clear()
+        gc.collect()
+        t = time.perf_counter()
+        warm = load_labels(im_files, cache)
+        warm_s.append(time.perf_counter() - t)
+        assert cold.cache_written and warm.cache_loaded
+    return {"n": n, "cold_s": float(np.median(cold_s)), "warm_s": float(np.median(warm_s))}
 
 
 def memory_worker(images: str, imgsz: int, batch: int, workers: int, cache: str) -> None:
@@ -334,12 +348,12 @@ def main() -> None:
         )
 
     print("\n### Label cache (load_labels)\n")
-    print("| images | cold build s | warm start s |")
+    print("| images | cold build s (median of 5) | warm start s |")
     print("|---|---|---|")
     for n in args.label_n:
         size = tuple(args.label_size)
         t = label_cache_times(args.root / f"labels_{n}_{size[0]}_{size[1]}", n, size)
-        print(f"| {n} | {t['cold_s']:.2f} | {t['warm_s']:.3f} |")
+        print(f"| {n} | {t['cold_s']:.3f} | {t['warm_s']:.3f} |")
 
     if args.skip_memory:
         return

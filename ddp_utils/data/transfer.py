@@ -88,7 +88,9 @@ class BatchPool:
             out = torch.empty(shape, dtype=torch.uint8, pin_memory=True)  # cached by torch's host allocator
         else:  # numpy's memory: glibc reuses it, where torch.empty page-faults a fresh batch every time
             out = torch.from_numpy(np.empty(shape, np.uint8))
-        out.copy_(view)
+        # a plain memcpy: torch's copy_ would wake its intra-op threads, whose spinning costs
+        # more CPU than the copy itself
+        np.copyto(out.numpy(), view.numpy())
         self._free.append(ref.slot)
         return out
 

@@ -62,6 +62,45 @@ def test_unreadable_image_names_the_file(tmp_path):
         load_image(tmp_path / "missing.jpg", 64)
 
 
+def _jpeg(path: Path, orientation: int = 1, **save) -> Path:
+    from PIL import Image
+
+    pixels = cv2.GaussianBlur(np.random.default_rng(orientation).integers(0, 256, (37, 61, 3), np.uint8), (0, 0), 2)
+    exif = Image.Exif()
+    if orientation != 1:
+        exif[0x0112] = orientation
+    Image.fromarray(pixels).save(path, "JPEG", exif=exif, **save)
+    return path
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("decoder", ["simplejpeg", "opencv"])
+def test_read_image_gives_opencvs_upright_pixels(tmp_path, monkeypatch, orientation, decoder):
+    if decoder == "opencv":
+        monkeypatch.setattr(images, "simplejpeg", None)
+    elif images.simplejpeg is None:
+        pytest.skip("simplejpeg not installed")
+    path = _jpeg(tmp_path / "a.jpg", orientation)
+    expected = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    assert expected.shape[:2] == ((61, 37) if orientation >= 5 else (37, 61))  # OpenCV turned it
+    np.testing.assert_array_equal(images.read_image(path), expected)
+
+
+@pytest.mark.parametrize("save", [{"subsampling": 0}, {"progressive": True}, {"quality": 30}])
+def test_read_image_matches_opencv_on_other_jpegs(tmp_path, save):
+    path = _jpeg(tmp_path / "a.jpg", **save)
+    np.testing.assert_array_equal(images.read_image(path), cv2.imread(str(path), cv2.IMREAD_COLOR))
+
+
+def test_damaged_jpeg_goes_to_opencv(tmp_path):
+    path = _jpeg(tmp_path / "a.jpg")
+    path.write_bytes(path.read_bytes()[:-300])  # cut off: simplejpeg refuses it, OpenCV fills in the rest
+    expected = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(images.read_image(path), expected)
+    with pytest.raises(FileNotFoundError, match="missing.jpg"):
+        images.read_image(tmp_path / "missing.jpg")
+
+
 def test_normalize_cache_rejects_unknown_modes():
     assert normalize_cache(True) == "ram" and normalize_cache("RAM") == "ram" and normalize_cache(None) is None
     with pytest.raises(ValueError, match="'gpu'"):
