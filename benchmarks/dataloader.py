@@ -181,28 +181,36 @@ def wait_until_workers_idle(limit: float = 20.0) -> None:
         before = now
 
 
-def _decode_samples(args: tuple[list[str], int, int, int]) -> tuple[int, float]:
+def _decode_samples(args: tuple[list[str], int, int, int, str]) -> tuple[int, float]:
     import cv2
 
-    from ddp_utils.data.images import resize_long_side
+    from ddp_utils.data.images import read_image, resize_long_side
 
-    files, imgsz, samples, seed = args
+    files, imgsz, samples, seed, decoder = args
+    decode = read_image if decoder == "read_image" else cv2.imread
     cv2.setNumThreads(1)
     rng = np.random.default_rng(seed)
     cpu = time.process_time()
     for _ in range(samples):
         for i in rng.integers(0, len(files), 4):
-            resize_long_side(cv2.imread(files[i]), imgsz, augment=True)
+            resize_long_side(decode(files[i]), imgsz, augment=True)
     return samples, time.process_time() - cpu
 
 
-def decode_bound(files: list[str], imgsz: int, samples: int, pool: ProcessPoolExecutor | None) -> tuple[float, float]:
-    """(mosaic samples per second, CPU ms per sample) when a process only decodes and resizes 4 images."""
+def decode_bound(
+    files: list[str], imgsz: int, samples: int, pool: ProcessPoolExecutor | None, decoder: str = "cv2.imread"
+) -> tuple[float, float]:
+    """(mosaic samples per second, CPU ms per sample) when a process only decodes and resizes 4 images.
+
+    ``decoder``: "cv2.imread" (the bound as the issue defines it) or "read_image" (the
+    library's decoder, simplejpeg for JPEGs: the bound for the decoder the loader uses).
+    """
     t = time.perf_counter()
     if pool is None:
-        results = [_decode_samples((files, imgsz, samples, int(t)))]
+        results = [_decode_samples((files, imgsz, samples, int(t), decoder))]
     else:
-        results = list(pool.map(_decode_samples, [(files, imgsz, samples // 2, int(t) + p) for p in range(2)]))
+        tasks = [(files, imgsz, samples // 2, int(t) + p, decoder) for p in range(2)]
+        results = list(pool.map(_decode_samples, tasks))
     done = sum(r[0] for r in results)
     return done / (time.perf_counter() - t), sum(r[1] for r in results) * 1000 / done
 
@@ -308,17 +316,29 @@ def main() -> None:
         wait_until_workers_idle()
     rates = {k: [] for k in configs}
     bounds = {k: [] for k in configs}
-    samples = max(min(args.n // 8, 64), 16)
+    own_bounds = {k: [] for k in configs}
+    samples = max(min(args.n // 4, 128), 16)
+
+    def bound(w: int, decoder: str) -> tuple[float, float]:
+        # no loader's workers may still be prefetching, or they would slow the bound down
+        wait_until_workers_idle()
+        return decode_bound(files, args.imgsz, samples, None if w == 0 else pool, decoder)
+
+    def mean(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+        return (a[0] + b[0]) / 2, (a[1] + b[1]) / 2
+
     with ProcessPoolExecutor(2) as pool:
         pool.submit(int, 0).result()
         for r in range(args.rounds):
             for w, c in configs:
-                # the decode bound right before each epoch, so both see the same machine load; no
-                # loader's workers may still be prefetching, or they would slow whatever runs now
-                wait_until_workers_idle()
-                bounds[w, c].append(decode_bound(files, args.imgsz, samples, None if w == 0 else pool))
+                # the decode bounds right before and right after each epoch, so that the bound and
+                # the loader see the same machine load, even while it changes
+                before = bound(w, "cv2.imread"), bound(w, "read_image")
                 wait_until_workers_idle()
                 rates[w, c].append(epoch_rate(loaders[w, c], 1 + r))
+                after = bound(w, "cv2.imread"), bound(w, "read_image")
+                bounds[w, c].append(mean(before[0], after[0]))
+                own_bounds[w, c].append(mean(before[1], after[1]))
     for loader in loaders.values():
         loader.close()
 
@@ -327,23 +347,26 @@ def main() -> None:
         f"batch {args.batch}, all-mosaic hyp, {os.cpu_count()} CPUs, median of {args.rounds} interleaved rounds\n"
     )
     print("Decode bound: cv2.imread + resize of the 4 images a mosaic needs (1 process for workers 0, 2 for 2),")
-    print("measured right before each loader epoch. CPU ms/img counts the main process and its workers;")
-    print("idle-machine img/s = processes x 1000 / CPU ms (what the same code does on 2 free cores).\n")
+    print("measured right before and after each loader epoch; 'own decoder' is the same with ddp_utils' read_image")
+    print("(simplejpeg for JPEGs), the decoder the loader uses. CPU ms/img counts the main process and its")
+    print("workers; idle-machine img/s = processes x 1000 / CPU ms (what the same code does on 2 free cores).\n")
     print(
         "| workers | cache | img/s (wall) | CPU ms/img | idle-machine img/s | decode CPU ms/img | "
-        "decode / loader CPU | vs no cache (CPU) | build s |"
+        "decode / loader CPU | own decoder / loader CPU | vs no cache (CPU) | build s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     cpu = {k: float(np.median([x[1] for x in v])) for k, v in rates.items()}
     for w, c in configs:
         wall = float(np.median([x[0] for x in rates[w, c]]))
         decode_cpu = float(np.median([b[1] for b in bounds[w, c]]))
         ratio = float(np.median([b[1] / x[1] for b, x in zip(bounds[w, c], rates[w, c])]))
+        own = float(np.median([b[1] / x[1] for b, x in zip(own_bounds[w, c], rates[w, c])]))
         base = cpu.get((w, "none"))
         vs = f"{base / cpu[w, c]:.2f}x" if base else "-"
         idle = max(w, 1) * 1000 / cpu[w, c]
         print(
-            f"| {w} | {c} | {wall:.1f} | {cpu[w, c]:.1f} | {idle:.0f} | {decode_cpu:.1f} | {ratio:.2f} | {vs} | "
+            f"| {w} | {c} | {wall:.1f} | {cpu[w, c]:.1f} | {idle:.0f} | {decode_cpu:.1f} | {ratio:.2f} | {own:.2f} | "
+            f"{vs} | "
             f"{builds[w, c]:.1f} |"
         )
 

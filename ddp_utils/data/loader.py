@@ -36,6 +36,7 @@ from ..dist import dist_info, get_rank, get_world_size, is_dist_initialized, tor
 from ..log import LOGGER
 from ..seed import derive_seed, loader_generator, seed_worker
 from .dataset import SampleKey, YoloDataset
+from .images import disk_free
 from .labels import find_images, label_cache_path, load_labels
 from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack
 
@@ -333,9 +334,17 @@ def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetc
         pixels = dataset.imgsz**2  # mosaics and letterboxed images (a quad batch has as many pixels)
     # in flight: the DataLoader's prefetch per worker, the batch being copied out, one spare
     slots, slot_bytes = prefetch * num_workers + 2, 3 * pixels * batch_size
+    need = slots * slot_bytes
     try:
+        # tmpfs does not reserve on ftruncate: filling a full /dev/shm would be a SIGBUS, not an error
+        free = disk_free("/dev/shm") if os.path.isdir("/dev/shm") else need
+        if free < 2 * need:  # a container's 64 MB default: leave it to torch's own batches
+            LOGGER.debug(
+                f"no shared batch pool: {need / 2**20:.0f} MiB wanted, /dev/shm has {free / 2**20:.0f} MiB free"
+            )
+            return None
         return BatchPool(slots, slot_bytes)
-    except (RuntimeError, OSError) as exc:  # /dev/shm too small (a container's 64 MB default)
+    except (RuntimeError, OSError) as exc:
         LOGGER.debug(f"no shared batch pool ({slots} x {slot_bytes / 2**20:.0f} MiB): {exc}")
         return None
 

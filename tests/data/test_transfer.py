@@ -91,3 +91,10 @@ def test_batches_without_a_slot_travel_the_usual_way():
     assert torch.equal(out, batch) and pool.free_slots == 1
     pool.buffers[0].zero_()  # the copy is the caller's own
     assert torch.equal(out, batch)
+
+
+def test_no_pool_when_shared_memory_is_short(images, pooled_batches, monkeypatch):
+    monkeypatch.setattr(loader_module, "disk_free", lambda path: 100_000)  # less than 6 slots of 4 x 3 x 64 x 64
+    loader, _ = create_dataloader(images, 64, 4, 32, hyp=HYP, augment=True, shuffle=True, workers=2)
+    assert len(epochs(loader, 1)) == 5
+    assert loader._pool is None and not any(pooled_batches)
