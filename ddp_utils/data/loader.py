@@ -337,7 +337,7 @@ def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetc
     need = slots * slot_bytes
     try:
         # tmpfs does not reserve on ftruncate: filling a full /dev/shm would be a SIGBUS, not an error
-        free = disk_free("/dev/shm") if os.path.isdir("/dev/shm") else need
+        free = disk_free("/dev/shm")  # where torch's shared memory lives on Linux
         if free < 2 * need:  # a container's 64 MB default: leave it to torch's own batches
             LOGGER.debug(
                 f"no shared batch pool: {need / 2**20:.0f} MiB wanted, /dev/shm has {free / 2**20:.0f} MiB free"
