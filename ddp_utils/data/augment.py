@@ -305,6 +305,9 @@ def _tile_source(
 def _lands_in(m: np.ndarray, x0: float, y0: float, x1: float, y1: float, size: int) -> bool:
     # Whether the rectangle [x0, x1] x [y0, y1], mapped by m, reaches into the size x size output
     # (its bounding box does: a rotated corner that only grazes it still counts).
+    if m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0 and m[0, 0] > 0 and m[1, 1] > 0:
+        sx, tx, sy, ty = m[0, 0], m[0, 2], m[1, 1], m[1, 2]  # a zoom and a shift: the common case, in floats
+        return sx * x1 + tx > 0 and sy * y1 + ty > 0 and sx * x0 + tx < size and sy * y0 + ty < size
     corners = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], np.float64) @ m.T
     xy = corners[:, :2] / corners[:, 2:3]
     (left, top), (right, bottom) = xy.min(0), xy.max(0)
@@ -417,12 +420,10 @@ def xywhn_to_xyxy(boxes: np.ndarray, w: float, h: float, padw: float = 0.0, padh
         >>> xywhn_to_xyxy(np.array([[0.5, 0.5, 0.5, 0.5]]), 100, 50, 10, 0).tolist()
         [[35.0, 12.5, 85.0, 37.5]]
     """
-    out = np.empty_like(boxes, dtype=np.float32)
-    out[:, 0] = w * (boxes[:, 0] - boxes[:, 2] / 2) + padw
-    out[:, 1] = h * (boxes[:, 1] - boxes[:, 3] / 2) + padh
-    out[:, 2] = w * (boxes[:, 0] + boxes[:, 2] / 2) + padw
-    out[:, 3] = h * (boxes[:, 1] + boxes[:, 3] / 2) + padh
-    return out
+    scale = np.array([w, h], np.float32)
+    centre = boxes[:, :2] * scale + np.array([padw, padh], np.float32)
+    half = boxes[:, 2:4] * (scale / 2)
+    return np.concatenate((centre - half, centre + half), axis=1, dtype=np.float32)
 
 
 def xyxy_to_xywhn(boxes: np.ndarray, w: float, h: float, clip: bool = True, eps: float = 1e-3) -> np.ndarray:

@@ -218,15 +218,16 @@ class SharedImageCache:
 
     def _map(self) -> np.ndarray:
         if self._buffer is None:
-            self._buffer = np.memmap(self.path, dtype=np.uint8, mode="r")
+            # a plain ndarray over the map: np.memmap's subclass hooks run on every view taken
+            self._buffer = np.memmap(self.path, dtype=np.uint8, mode="r").view(np.ndarray)
             if self._buffer.size != self.nbytes:
                 raise RuntimeError(f"image cache {self.path}: {self._buffer.size} bytes, expected {self.nbytes}")
         return self._buffer
 
     def __getitem__(self, i: int) -> np.ndarray:
         """The cached image ``i`` as a read-only BGR view [h, w, 3] (copy before writing)."""
-        h, w = self.shapes[i]
-        start = self.offsets[i]
+        h, w = self.shapes[i].tolist()
+        start = int(self.offsets[i])
         return self._map()[start : start + h * w * 3].reshape(h, w, 3)
 
     @classmethod
