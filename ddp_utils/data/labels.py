@@ -27,7 +27,8 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -428,32 +429,52 @@ def _write_cache(cache_path: Path, result: dict) -> bool:
 # --- the scan -----------------------------------------------------------------------------------
 
 
+_PROBE = 64  # files verified first in the calling thread, to see whether the scan waits on I/O
+
+
+def _verified(pairs: list[tuple[str, str]], workers: int) -> Iterator[tuple]:
+    """:func:`_verify` over ``pairs``, in order: in this thread, or ``workers`` threads when it pays.
+
+    Verifying a local, cached file is Python work, which threads only slow down (they
+    contend for the GIL: 8 threads took 2-3x one thread's time here). Waiting for a
+    network file system or a cold disk is what threads overlap. The first files tell
+    which it is: threads when most of their time went to waiting, not to the CPU.
+    """
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for pair in pairs[:_PROBE]:
+        yield _verify(pair)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    rest = pairs[_PROBE:]
+    if workers > 1 and rest and wall > 2 * cpu:
+        with ThreadPool(min(workers, len(rest))) as pool:
+            yield from pool.imap(_verify, rest, chunksize=16)
+    else:
+        for pair in rest:
+            yield _verify(pair)
+
+
 def _scan(im_files: list[str], label_files: list[str], prefix: str, workers: int, desc: str) -> dict:
     counts = {"found": 0, "missing": 0, "empty": 0, "corrupt": 0, "duplicates": 0}
     kept_images, kept_labels, labels, shapes, segments, messages = [], [], [], [], [], []
     show = LOGGER.isEnabledFor(logging.INFO)
-    # Not capped at the CPU count: the work is mostly waiting on file opens, which threads
-    # overlap on network file systems and cold disks.
-    workers = max(1, min(workers, len(im_files)))
-    with ThreadPool(workers) as pool:
-        results = pool.imap(_verify, zip(im_files, label_files), chunksize=64)
-        bar = tqdm(results, total=len(im_files), desc=desc, disable=not show, leave=True)
-        for im_file, lb_file, (status, boxes, polygons, shape, duplicates, message) in zip(im_files, label_files, bar):
-            counts[status] += 1
-            counts["duplicates"] += duplicates
-            if message:
-                messages.append(prefix + message)
-            if status != "corrupt":
-                kept_images.append(im_file)
-                kept_labels.append(lb_file)
-                labels.append(boxes)
-                shapes.append(shape)
-                segments.append(polygons)
-            bar.set_description(
-                f"{desc} {counts['found']} found, {counts['missing']} missing, "
-                f"{counts['empty']} empty, {counts['corrupt']} corrupt",
-                refresh=False,
-            )
+    results = _verified(list(zip(im_files, label_files)), workers)
+    bar = tqdm(results, total=len(im_files), desc=desc, disable=not show, leave=True)
+    for im_file, lb_file, (status, boxes, polygons, shape, duplicates, message) in zip(im_files, label_files, bar):
+        counts[status] += 1
+        counts["duplicates"] += duplicates
+        if message:
+            messages.append(prefix + message)
+        if status != "corrupt":
+            kept_images.append(im_file)
+            kept_labels.append(lb_file)
+            labels.append(boxes)
+            shapes.append(shape)
+            segments.append(polygons)
+        bar.set_description(
+            f"{desc} {counts['found']} found, {counts['missing']} missing, "
+            f"{counts['empty']} empty, {counts['corrupt']} corrupt",
+            refresh=False,
+        )
     return {
         "version": CACHE_VERSION,
         "im_files": kept_images,
@@ -489,7 +510,7 @@ def load_labels(
         im_files: image paths (e.g. from :func:`find_images`).
         cache_path: the cache file; None puts it beside the labels (:func:`label_cache_path`).
         prefix: put in front of log lines and messages (e.g. ``"train: "``).
-        workers: threads that verify files.
+        workers: threads that verify files when the file system makes them wait (see :func:`_verified`).
 
     Returns:
         A :class:`LabelSet` of the verified images.

@@ -404,3 +404,30 @@ def test_first_process_of_the_node_builds_the_cache_the_others_read_it(dataset: 
     assert records[0]["written"] and not records[0]["loaded"], describe(workers)
     assert records[1]["loaded"] and not records[1]["written"], describe(workers)
     assert records[0]["n"] == records[1]["n"] == 7
+
+
+@pytest.mark.parametrize("slow_files", [False, True])
+def test_scan_uses_threads_only_when_the_files_keep_it_waiting(monkeypatch, slow_files: bool) -> None:
+    import threading
+    import time
+
+    pairs = [(f"im{i}.jpg", f"lb{i}.txt") for i in range(200)]
+    threads = set()
+
+    def verify(pair):
+        threads.add(threading.get_ident())
+        if slow_files:  # a network file system: the time goes to waiting, not to the CPU
+            time.sleep(0.002)
+        else:  # local cached files: parsing, all CPU
+            end = time.thread_time() + 0.001
+            while time.thread_time() < end:
+                pass
+        return pair
+
+    monkeypatch.setattr(labels_module, "_verify", verify)
+    start = time.perf_counter()
+    assert list(labels_module._verified(pairs, workers=8)) == pairs  # in order either way
+    if slow_files:
+        assert len(threads) > 2 and time.perf_counter() - start < 0.7 * 200 * 0.002
+    else:
+        assert threads == {threading.get_ident()}
