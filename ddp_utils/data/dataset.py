@@ -8,6 +8,7 @@ number of workers, the rank that draws it, or how often the workers were restart
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple, Union
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 Shapes = Union[tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]], None]
 
 
-def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
+def stack_images(images: Sequence[torch.Tensor], out: np.ndarray | None = None) -> torch.Tensor:
     """``torch.stack(images)`` of CPU tensors, done by NumPy.
 
     A batch is tens of MB. torch's CPU allocator hands back fresh pages for each one (a
@@ -47,11 +48,21 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
     NumPy freed with the previous batch; and torch's copy wakes its intra-op threads,
     whose spinning afterwards costs more CPU than the copy.
 
+    Args:
+        images: same-shape tensors.
+        out: a flat buffer of the images' dtype to stack into, when it is large enough
+            (a loader worker's shared-memory slot); else new memory.
+
     Examples:
         >>> stack_images([torch.zeros(3, 2, 2, dtype=torch.uint8)] * 4).shape
         torch.Size([4, 3, 2, 2])
     """
-    return torch.from_numpy(np.stack([image.numpy() for image in images]))
+    arrays = [image.numpy() for image in images]
+    shape = (len(arrays), *arrays[0].shape)
+    size = math.prod(shape)
+    if out is not None and out.dtype == arrays[0].dtype and out.size >= size:
+        return torch.from_numpy(np.stack(arrays, out=out[:size].reshape(shape)))
+    return torch.from_numpy(np.stack(arrays))
 
 
 class SampleKey(NamedTuple):
@@ -260,15 +271,20 @@ class YoloDataset(Dataset):
         return torch.from_numpy(chw), torch.from_numpy(out), self.im_files[index], shapes
 
     @staticmethod
-    def collate_fn(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
-        """Stack images; concatenate labels with column 0 set to the image's index in the batch."""
+    def collate_fn(
+        batch: Sequence[tuple], out: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
+        """Stack images (into ``out`` when it has room); concatenate labels with column 0 set to the
+        image's index in the batch."""
         imgs, labels, paths, shapes = zip(*batch)
         for i, lb in enumerate(labels):
             lb[:, 0] = i
-        return stack_images(imgs), torch.cat(labels, 0), paths, shapes
+        return stack_images(imgs, out), torch.cat(labels, 0), paths, shapes
 
     @staticmethod
-    def collate_fn4(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
+    def collate_fn4(
+        batch: Sequence[tuple], out: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes, ...]]:
         """Quad collate: every 4 images become one of twice the size (a 2x2 grid, or one upsampled).
 
         The choice between grid and upsampling is drawn from torch's generator, which
@@ -300,4 +316,4 @@ class YoloDataset(Dataset):
             out_labels.append(lb.clone())
         for q, lb in enumerate(out_labels):
             lb[:, 0] = q
-        return stack_images(out_imgs), torch.cat(out_labels, 0), paths[::4], shapes[::4]
+        return stack_images(out_imgs, out), torch.cat(out_labels, 0), paths[::4], shapes[::4]

@@ -15,6 +15,7 @@ than a slot, the batch travels the usual way.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -35,6 +36,16 @@ class SlotImages(NamedTuple):
 
     slot: int
     shape: tuple[int, ...]
+
+
+class InlineArray(NamedTuple):
+    """A small tensor of a worker's batch (the labels), sent pickled in the message.
+
+    torch would move each tensor into a shared-memory segment of its own and pass its file
+    descriptor over a socket: more work than copying a few hundred bytes.
+    """
+
+    array: np.ndarray
 
 
 class BatchPool:
@@ -70,11 +81,14 @@ class BatchPool:
         self._free = list(range(len(self.buffers)))
 
     def put(self, slot: int, images: torch.Tensor) -> SlotImages | torch.Tensor:
-        """In a worker: copy ``images`` into ``slot`` and return what to send instead; or the images
-        themselves when there is no slot or they do not fit."""
+        """In a worker: copy ``images`` into ``slot`` (unless they were stacked there already) and
+        return what to send instead; or the images themselves when there is no slot or they do
+        not fit."""
         if slot < 0 or images.dtype != torch.uint8 or images.numel() > self.slot_bytes:
             return images
-        self.buffers[slot][: images.numel()].view(images.shape).copy_(images)
+        buffer = self.buffers[slot]
+        if images.data_ptr() != buffer.data_ptr():
+            buffer[: images.numel()].view(images.shape).copy_(images)
         return SlotImages(slot, tuple(images.shape))
 
     def take(self, ref: SlotImages, pin_memory: bool = False) -> torch.Tensor:
@@ -112,24 +126,35 @@ class PooledDataset(torch.utils.data.Dataset):
 
 
 class PooledCollate:
-    """Collates a worker's samples, then moves the images (the batch's first item) into their slot."""
+    """Collates a worker's samples with their images in their slot (the batch's first item), and
+    its other tensors inline.
 
-    def __init__(self, collate_fn: Callable[[list], tuple], pool: BatchPool | None) -> None:
+    A collate function that takes ``out=`` (a flat uint8 buffer) stacks the images straight
+    into the slot; any other is copied there.
+    """
+
+    def __init__(self, collate_fn: Callable[..., tuple], pool: BatchPool | None) -> None:
         self.collate_fn, self.pool = collate_fn, pool
+        self.takes_out = "out" in inspect.signature(collate_fn).parameters
 
     def __call__(self, fetched: tuple[int, list]) -> tuple:
         slot, samples = fetched
         if self.pool is None:
             return self.collate_fn(samples)
-        images, *rest = self.collate_fn(samples)
-        return (self.pool.put(slot, images), *rest)
+        if slot >= 0 and self.takes_out:
+            images, *rest = self.collate_fn(samples, out=self.pool.buffers[slot].numpy())
+        else:
+            images, *rest = self.collate_fn(samples)
+        small = [InlineArray(x.numpy()) if isinstance(x, torch.Tensor) and x.numel() < 2**16 else x for x in rest]
+        return (self.pool.put(slot, images), *small)
 
 
 def unpack(batch: tuple, pool: BatchPool | None, pin_memory: bool = False) -> tuple:
     """In the training process: a worker's batch with its images copied out of their slot."""
-    if pool is not None and isinstance(batch[0], SlotImages):
-        return (pool.take(batch[0], pin_memory), *batch[1:])
-    return batch
+    if pool is None or not isinstance(batch[0], SlotImages):
+        return batch
+    rest = (torch.from_numpy(x.array) if isinstance(x, InlineArray) else x for x in batch[1:])
+    return (pool.take(batch[0], pin_memory), *rest)
 
 
-__all__ = ["BatchPool", "BatchRequest", "PooledCollate", "PooledDataset", "SlotImages", "unpack"]
+__all__ = ["BatchPool", "BatchRequest", "InlineArray", "PooledCollate", "PooledDataset", "SlotImages", "unpack"]

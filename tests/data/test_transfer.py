@@ -98,3 +98,25 @@ def test_no_pool_when_shared_memory_is_short(images, pooled_batches, monkeypatch
     loader, _ = create_dataloader(images, 64, 4, 32, hyp=HYP, augment=True, shuffle=True, workers=2)
     assert len(epochs(loader, 1)) == 5
     assert loader._pool is None and not any(pooled_batches)
+
+
+@pytest.mark.parametrize("takes_out", [True, False])
+def test_collate_fills_the_slot_and_sends_small_tensors_inline(takes_out):
+    from ddp_utils.data.dataset import stack_images
+    from ddp_utils.data.transfer import InlineArray, PooledCollate, unpack
+
+    def collate_with_out(samples, out=None):
+        return stack_images([s[0] for s in samples], out), torch.stack([s[1] for s in samples]), "paths"
+
+    def collate(samples):
+        return collate_with_out(samples)
+
+    pool = BatchPool(slots=2, slot_bytes=3 * 4 * 4 * 3)
+    samples = [(torch.full((3, 4, 4), k, dtype=torch.uint8), torch.tensor([k, 0.5])) for k in range(3)]
+    sent = PooledCollate(collate_with_out if takes_out else collate, pool)((pool.acquire(), samples))
+    assert isinstance(sent[0], SlotImages) and isinstance(sent[1], InlineArray) and sent[2] == "paths"
+    assert pool.buffers[0][: 3 * 4 * 4 * 3].view(3, 3, 4, 4)[:, 0, 0, 0].tolist() == [0, 1, 2]
+    images, labels, paths = unpack(sent, pool)
+    assert torch.equal(images, torch.stack([s[0] for s in samples]))
+    assert torch.equal(labels, torch.tensor([[0, 0.5], [1, 0.5], [2, 0.5]]))
+    assert pool.free_slots == 2
