@@ -5,8 +5,9 @@ the kernel must hand out and zero each of its pages again: for a batch of 16 ima
 640 px that is 4,800 page faults, about 1 ms of CPU per image in a VM, as much as
 augmenting it. Here the training process maps a few slots of shared memory once, before
 the workers start (they inherit them). The request for each batch names a free slot; the
-worker copies its images there and sends only the slot number; the training process
-copies the images out into its own (or pinned) memory and frees the slot.
+worker stacks the batch's images there and sends only the slot number (and its small
+tensors, the labels, pickled inline); the training process copies the images out into
+its own (or pinned) memory and frees the slot.
 
 A slot goes back to the free list only once its images are copied out, so a worker never
 writes over a batch that is still being read; when no slot is free, or a batch is larger
