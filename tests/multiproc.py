@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import signal
 import socket
@@ -141,6 +142,11 @@ def collect(procs: list[subprocess.Popen], start: float, timeout: float, what: s
             report.append(f"--- rank {rank} (rc {proc.returncode})\n{out}\n{err}")
         raise AssertionError(f"{what}: still running after {timeout:.0f} s; killed\n" + "\n".join(report))
     return results  # type: ignore[return-value]
+
+
+def records(workers: list[Worker]) -> list[dict]:
+    """The JSON record each worker printed last on stdout."""
+    return [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
 
 
 def describe(workers: list[Worker]) -> str:

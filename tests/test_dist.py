@@ -13,11 +13,7 @@ import torch
 import ddp_utils as du
 from ddp_utils.dist import DistEnvError, first_slurm_host
 
-from .multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
-
-
-def records(workers):
-    return [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
+from .multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env, records
 
 
 def assert_all_ok(workers):

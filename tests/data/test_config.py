@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import threading
 import time
 import zipfile
@@ -19,7 +18,7 @@ import yaml
 from ddp_utils.data.config import DataConfigError, DownloadError, check_dataset, datasets_dir, load_hyp
 from ddp_utils.data.labels import find_images
 from ddp_utils.resources import asset_dir
-from tests.multiproc import describe, launch
+from tests.multiproc import describe, launch, records
 
 HYP_KEYS = [
     "lr0",
@@ -449,9 +448,9 @@ def test_download_runs_once_per_node(tmp_path: Path) -> None:
         env={"DDP_UTILS_TRUSTED_GENERATORS": "tests.workers"},
     )
     assert all(w.returncode == 0 for w in workers), describe(workers)
-    records = [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
-    assert all("error" not in r for r in records), describe(workers)
-    assert all(r["found"] == ["000000.jpg", "000001.jpg"] for r in records)
+    recs = records(workers)
+    assert all("error" not in r for r in recs), describe(workers)
+    assert all(r["found"] == ["000000.jpg", "000001.jpg"] for r in recs)
     assert len((tmp_path / "calls.txt").read_text().splitlines()) == 1, "the generator ran more than once"
 
 
@@ -465,10 +464,10 @@ def test_failed_download_fails_every_rank_promptly(tmp_path: Path) -> None:
         args=(str(_generator_yaml(tmp_path, fail=True)),),
         env={"DDP_UTILS_TRUSTED_GENERATORS": "tests.workers"},
     )
-    records = {r["rank"]: r for r in (json.loads(w.stdout.strip().splitlines()[-1]) for w in workers)}
-    assert "generator failed on purpose" in records[0]["error"], describe(workers)
-    assert "RankFailedError" in records[1]["error"] and "generator failed on purpose" in records[1]["error"]
-    assert records[1]["seconds"] < 30
+    by_rank = {r["rank"]: r for r in records(workers)}
+    assert "generator failed on purpose" in by_rank[0]["error"], describe(workers)
+    assert "RankFailedError" in by_rank[1]["error"] and "generator failed on purpose" in by_rank[1]["error"]
+    assert by_rank[1]["seconds"] < 30
     assert len((tmp_path / "calls.txt").read_text().splitlines()) == 1
     assert not (tmp_path / "gen").exists()
 

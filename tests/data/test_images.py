@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import subprocess
@@ -17,7 +16,7 @@ import torch
 
 from ddp_utils.data import images
 from ddp_utils.data.images import DiskImageCache, SharedImageCache, load_image, normalize_cache, resized_shape
-from tests.multiproc import REPO_ROOT, describe, launch
+from tests.multiproc import REPO_ROOT, describe, launch, records
 
 
 def write_images(directory: Path, sizes: list[tuple[int, int]], seed: int = 0) -> list[str]:
@@ -208,7 +207,7 @@ def test_ram_cache_one_copy_per_node(tmp_path):
     root = make_shapes_dataset(tmp_path / "shapes", 40, 0, size=(480, 640))
     workers = launch("tests.workers.data_scenarios:ram_cache_pss", nprocs=2, timeout=100, args=(str(root), "640"))
     assert all(w.returncode == 0 for w in workers), describe(workers)
-    recs = [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
+    recs = records(workers)
     assert recs[0]["path"] == recs[1]["path"] and recs[0]["checksum"] == recs[1]["checksum"]
     assert recs[0]["touched"] == 40
     buffer_kib = recs[0]["nbytes"] / 1024

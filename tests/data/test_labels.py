@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import pickle
@@ -27,7 +26,7 @@ from ddp_utils.data.labels import (
     load_labels,
 )
 from ddp_utils.log import LOGGER
-from tests.multiproc import describe, launch
+from tests.multiproc import describe, launch, records
 
 
 def write_image(path: Path, width: int = 48, height: int = 40, seed: int = 0) -> Path:
@@ -400,10 +399,10 @@ def test_first_process_of_the_node_builds_the_cache_the_others_read_it(dataset: 
         args=(str(dataset["good"].parent),),
     )
     assert all(w.returncode == 0 for w in workers), describe(workers)
-    records = {r["rank"]: r for r in (json.loads(w.stdout.strip().splitlines()[-1]) for w in workers)}
-    assert records[0]["written"] and not records[0]["loaded"], describe(workers)
-    assert records[1]["loaded"] and not records[1]["written"], describe(workers)
-    assert records[0]["n"] == records[1]["n"] == 7
+    by_rank = {r["rank"]: r for r in records(workers)}
+    assert by_rank[0]["written"] and not by_rank[0]["loaded"], describe(workers)
+    assert by_rank[1]["loaded"] and not by_rank[1]["written"], describe(workers)
+    assert by_rank[0]["n"] == by_rank[1]["n"] == 7
 
 
 @pytest.mark.parametrize("slow_files", [False, True])

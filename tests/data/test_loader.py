@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import torch
 
 from ddp_utils.data.loader import EpochSampler, create_dataloader, create_val_dataloader
 from ddp_utils.data.synthetic import make_shapes_dataset
-from tests.multiproc import REPO_ROOT, describe, launch
+from tests.multiproc import REPO_ROOT, describe, launch, records
 from tests.workers.data_scenarios import HYP
 
 
@@ -129,7 +128,7 @@ def test_two_processes_shards_epochs_and_label_cache(tmp_path):
     root = make_shapes_dataset(tmp_path / "shapes", 24, 9, size=(96, 160))
     workers = launch("tests.workers.data_scenarios:shards", nprocs=2, timeout=110, args=(str(root), "1"))
     assert all(w.returncode == 0 for w in workers), describe(workers)
-    recs = [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
+    recs = records(workers)
     # the node's first process wrote the label cache once; the other read it
     assert [r["cache_written"] for r in recs] == [True, False]
     assert recs[1]["cache_loaded"]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
 from ddp_utils.detect import ComputeLoss, evaluate
 from ddp_utils.detect.evaluate import batch_records
-from tests.multiproc import describe, launch
+from tests.multiproc import describe, launch, records
 from tests.workers.detect_scenarios import (
     IMG,
     ORIGINAL,
@@ -85,7 +83,7 @@ def test_two_ranks_gather_the_single_process_metrics():
 
     workers = launch("tests.workers.detect_scenarios:sharded_evaluate", 2, timeout=150, args=(n_images, batch_size))
     assert all(w.returncode == 0 for w in workers), describe(workers)
-    results = [json.loads(w.stdout.strip().splitlines()[-1]) for w in workers]
+    results = records(workers)
     assert [r["images"] for r in results] == [4, 3]
     for result in results:
         assert result["metrics"] == pytest.approx(expected, abs=1e-12), describe(workers)
