@@ -53,13 +53,17 @@ def read_image(path: str | Path) -> np.ndarray:
     if simplejpeg is not None:
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                data = b""
+                if f.read(2) == b"\xff\xd8":  # the whole file only for a JPEG: OpenCV reads the rest itself
+                    f.seek(0)
+                    data = f.read()
         except FileNotFoundError:
             raise FileNotFoundError(f"image not found: {path}") from None
-        if data[:2] == b"\xff\xd8":
+        if data:
             img = _decode_jpeg(data)
             if img is not None:
                 return img
+    # imread, not imdecode of the bytes: imread keeps what it can of a cut-off JPEG, imdecode gives up
     img = cv2.imread(str(path), cv2.IMREAD_COLOR)
     if img is None:
         if not Path(path).is_file():
