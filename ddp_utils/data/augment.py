@@ -185,6 +185,12 @@ def transform_boxes(boxes: np.ndarray, m: np.ndarray, width: int, height: int) -
     return out.astype(np.float32)
 
 
+def _zoom_and_shift(m: np.ndarray) -> bool:
+    # m only zooms (by positive factors) and shifts: the whole transform unless the hyp asks
+    # for rotation, shear or perspective
+    return bool(m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0 and m[0, 0] > 0 and m[1, 1] > 0)
+
+
 def _scale_into(dst: np.ndarray, src: np.ndarray, sx: float, sy: float, tx: float, ty: float) -> None:
     # dst(x, y) = src((x - tx) / sx, (y - ty) / sy): a zoom and a shift, the whole transform
     # unless the hyp asks for rotation, shear or perspective. cv2.resize is separable and
@@ -208,7 +214,7 @@ def _scale_into(dst: np.ndarray, src: np.ndarray, sx: float, sy: float, tx: floa
 def _warp_into(dst: np.ndarray, src: np.ndarray, m: np.ndarray) -> None:
     # Warp only over the part of dst that src lands on: a tile covers a quarter of the
     # output, so this costs one output's worth of pixels for all four tiles together.
-    if m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0 and m[0, 0] > 0 and m[1, 1] > 0:
+    if _zoom_and_shift(m):
         _scale_into(dst, src, m[0, 0], m[1, 1], m[0, 2], m[1, 2])
         return
     h, w = src.shape[:2]
@@ -305,7 +311,7 @@ def _tile_source(
 def _lands_in(m: np.ndarray, x0: float, y0: float, x1: float, y1: float, size: int) -> bool:
     # Whether the rectangle [x0, x1] x [y0, y1], mapped by m, reaches into the size x size output
     # (its bounding box does: a rotated corner that only grazes it still counts).
-    if m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0 and m[0, 0] > 0 and m[1, 1] > 0:
+    if _zoom_and_shift(m):
         sx, tx, sy, ty = m[0, 0], m[0, 2], m[1, 1], m[1, 2]  # a zoom and a shift: the common case, in floats
         return sx * x1 + tx > 0 and sy * y1 + ty > 0 and sx * x0 + tx < size and sy * y0 + ty < size
     corners = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], np.float64) @ m.T

@@ -17,6 +17,7 @@ than a slot, the batch travels the usual way.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -95,10 +96,7 @@ class BatchPool:
     def take(self, ref: SlotImages, pin_memory: bool = False) -> torch.Tensor:
         """In the training process: the images of ``ref`` copied out of their slot, which is freed."""
         shape = tuple(ref.shape)  # the pin-memory thread may have made it a list
-        numel = 1
-        for size in shape:
-            numel *= size
-        view = self.buffers[ref.slot][:numel].view(shape)
+        view = self.buffers[ref.slot][: math.prod(shape)].view(shape)
         if pin_memory:
             out = torch.empty(shape, dtype=torch.uint8, pin_memory=True)  # cached by torch's host allocator
         else:  # numpy's memory: glibc reuses it, where torch.empty page-faults a fresh batch every time
