@@ -42,20 +42,21 @@ from ddp_utils.data import load_hyp  # noqa: E402  (after the repo is on sys.pat
 HYP = load_hyp("hyp.scratch-low.yaml")  # YOLOv5's augmentation: all-mosaic, no mixup
 
 
-def pss_kib(pid: int) -> int:
+def proc_kib(pid: int, file: str, field: str) -> int:
+    """A ``<field>: <n> kB`` line of ``/proc/<pid>/<file>``; 0 when the process or the line is gone."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            return int(re.search(r"^Pss:\s+(\d+) kB", f.read(), re.M).group(1))
+        with open(f"/proc/{pid}/{file}") as f:
+            return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
     except (OSError, AttributeError):
         return 0
+
+
+def pss_kib(pid: int) -> int:
+    return proc_kib(pid, "smaps_rollup", "Pss")
 
 
 def rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return int(re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M).group(1))
-    except (OSError, AttributeError):
-        return 0
+    return proc_kib(pid, "status", "VmRSS")
 
 
 def children(pid: int) -> list[int]:
