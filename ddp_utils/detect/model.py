@@ -265,6 +265,8 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
                     f"{where}: Detect reads {len(sources)} layers but anchors has {len(anchors)} levels"
                 )
             args = [args[0] if args else nc, args[1] if len(args) > 1 else anchors, [channels_of(j) for j in sources]]
+            if isinstance(args[0], bool) or not isinstance(args[0], int) or args[0] < 1:
+                raise ModelConfigError(f"{where}: Detect's class count {args[0]!r} must be a positive integer (or nc)")
             if isinstance(args[1], int):
                 args[1] = _anchor_list(args[1], len(sources), source)
         try:

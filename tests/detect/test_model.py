@@ -203,6 +203,7 @@ def _bad(mutate) -> dict:
         (lambda c: c.__setitem__("nc", "eighty"), r"nc='eighty'"),
         (lambda c: c.__setitem__("anchors", [[10, 13, 16]]), r"anchors="),
         (lambda c: c["head"].__setitem__(-1, [[17, 20], 1, "Detect", ["nc", "anchors"]]), r"layer 24 .*2 layers"),
+        (lambda c: c["head"].__setitem__(-1, [[17, 20, 23], 1, "Detect", [0, "anchors"]]), r"layer 24 .*class count 0"),
     ],
 )
 def test_bad_yaml_is_a_named_error(tmp_path, mutate, message):
