@@ -1,0 +1,5 @@
+"""Command-line entry points, on top of the library: each module is a ``python -m`` target.
+
+- ``profile.py``: ``ddp-profile`` / ``python -m ddp_utils.cli.profile``, a model's summary,
+  FLOPs and per-device forward/backward time (functions in :mod:`ddp_utils.profiling`).
+"""
