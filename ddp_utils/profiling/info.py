@@ -108,7 +108,8 @@ def model_info(model: nn.Module, imgsz: int | Sequence[int] = 640, verbose: bool
     summary = f"{name} summary: {layers} layers, {parameters} parameters, {gradients} gradients"
     if gflops is not None:
         h, w = image_size(imgsz)
-        summary += f", {gflops:.1f} GFLOPs" + ("" if (h, w) == (640, 640) else f" at {h}x{w}")
+        number = f"{gflops:.1f}" if gflops >= 0.1 else f"{gflops:.2g}"  # a small model at a small size is not 0.0
+        summary += f", {number} GFLOPs" + ("" if (h, w) == (640, 640) else f" at {h}x{w}")
         summary += "" if counter == "thop" else f" ({counter})"
     LOGGER.info(summary)
     return {
