@@ -141,7 +141,9 @@ def _thop_uncounted(work: nn.Module, rules: set[type], module_flops: dict | None
     a model iterates itself) has no entry, so its children stand in for it.
     """
     root = type(work).__name__
-    children = {name: [f"{name}.{c}" if name else c for c, _ in m.named_children()] for name, m in work.named_modules()}
+    # a module shared by several parents (Conv's one SiLU) is a child under each of its names
+    modules = work.named_modules(remove_duplicate=False)
+    children = {name: [f"{name}.{c}" if name else c for c, _ in m.named_children()] for name, m in modules}
 
     def total(name: str) -> int:
         if module_flops is None:
