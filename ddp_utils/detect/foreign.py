@@ -162,6 +162,11 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         module = _PY2_NAMES.get(module, module)  # protocol 2 spells builtins the Python 2 way
+        if module.split(".")[0] == "ultralytics":  # say so at once, before any other refusal
+            raise UltralyticsCheckpointError(
+                f"an Ultralytics 8 checkpoint ({module}.{name}): an anchor-free model (also sold as 'YOLOv5u'), "
+                "not YOLOv5's anchor-based one, so it cannot be mapped onto this detector; use a YOLOv5 checkpoint"
+            )
         if (module, name) in _ALLOWED:
             return _ALLOWED[module, name]
         if module == "torch":
@@ -184,8 +189,10 @@ def _restricted_pickle_module() -> types.ModuleType:
 def _load_restricted(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_restricted_pickle_module())
-    except ForeignCheckpointError:
-        raise
+    except ForeignCheckpointError as exc:
+        raise type(exc)(
+            f"{path} is {exc}" if isinstance(exc, UltralyticsCheckpointError) else f"{path}: {exc}"
+        ) from None
     except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile, io.UnsupportedOperation,
             AttributeError, TypeError, IndexError, KeyError) as exc:  # fmt: skip
         raise ForeignCheckpointError(
@@ -234,18 +241,13 @@ def _module_tensors(record: Any, prefix: str, out: dict, classes: dict, attrs: d
             _module_tensors(child, f"{prefix}{name}.", out, classes, attrs)
 
 
-def _check_model_class(path: Path, model: Any, classes: set[str]) -> str:
-    foreign = next((c for c in sorted(classes) if c.startswith("ultralytics.")), None)
-    if foreign:
-        raise UltralyticsCheckpointError(
-            f"{path} is an Ultralytics 8 checkpoint ({foreign}): an anchor-free model (also sold as 'YOLOv5u'), "
-            "not YOLOv5's anchor-based one, so it cannot be mapped onto this detector; use a YOLOv5 checkpoint"
-        )
+def _check_model_class(path: Path, model: Any) -> str:
     if isinstance(model, dict):
         raise ForeignCheckpointError(f"{path} holds a state dict, not a YOLOv5 model: load it with load_checkpoint")
     if not isinstance(model, _Record):
         raise ForeignCheckpointError(f"{path} is not a YOLOv5 checkpoint: its 'model' is {type(model).__name__}")
-    if model.class_path not in YOLOV5_MODEL_CLASSES:
+    # the pip package "yolov5" pickles the same classes one level down: yolov5.models.yolo.DetectionModel
+    if model.class_path.removeprefix("yolov5.") not in YOLOV5_MODEL_CLASSES:
         raise ForeignCheckpointError(
             f"{path}: the model is a {model.class_path}, not a YOLOv5 detection model "
             f"({' or '.join(YOLOV5_MODEL_CLASSES)}), so its layout is unknown here"
@@ -283,7 +285,7 @@ def read_yolov5_checkpoint(path: str | Path) -> dict[str, Any]:
     bn: dict[str, dict] = {}
     if isinstance(model, _Record):
         _module_tensors(model, "", tensors, classes, bn)
-    class_path = _check_model_class(path, model, set(classes.values()))
+    class_path = _check_model_class(path, model)
     attrs = _state(model)
     stride = attrs.get("stride", _state(_last_layer(model)).get("stride"))
     yaml_dict = _plain(attrs.get("yaml"))

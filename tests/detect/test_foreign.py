@@ -75,11 +75,12 @@ V50_YAML = {
 }
 
 
-def save_yolov5(ckpt: dict, path: Path, protocol: int = 2) -> Path:
+def save_yolov5(ckpt: dict, path: Path, protocol: int = 2, prefix: str = "models") -> Path:
     """torch.save with the stand-ins at YOLOv5's paths, then prove they are gone."""
-    with v5.yolov5_modules():
+    with v5.yolov5_modules(prefix):
         torch.save(ckpt, path, pickle_protocol=protocol)
-    assert not any(name == "models" or name.startswith("models.") for name in sys.modules)
+    top = prefix.split(".")[0]
+    assert not any(name == top or name.startswith(f"{top}.") for name in sys.modules)
     return path
 
 
@@ -124,6 +125,13 @@ def test_same_outputs_as_yolov5s_model_on_the_same_weights(cfg: str, protocol: i
     assert_same_outputs(reference, model)
     assert (read["class_path"], read["epoch"], read["nc"]) == ("models.yolo.DetectionModel", -1, 80)
     assert model.names[:2] == ["class0", "class1"] and read["opt"]["imgsz"] == 640
+
+
+def test_pip_yolov5_package_paths_are_yolov5s_classes_too(v5n, tmp_path: Path) -> None:
+    path = save_yolov5(v5.yolov5_checkpoint(v5n[0]), tmp_path / "pip.pt", prefix="yolov5.models")
+    read = read_yolov5_checkpoint(path)
+    assert read["class_path"] == "yolov5.models.yolo.DetectionModel"
+    assert yolov5_model(read, str(path))[1]["transferred"] == len(v5n[0].state_dict())
 
 
 def test_converted_file_loads_weights_only_and_gives_the_same_outputs(v5n, tmp_path: Path) -> None:

@@ -213,9 +213,12 @@ def yolov5_modules(prefix: str = "models") -> Iterator[None]:
         cls.__module__ = yolo.__name__
         setattr(yolo, cls.__name__, cls)
     package.common, package.yolo = common, yolo
-    names = [prefix, common.__name__, yolo.__name__]
+    parents = {".".join(prefix.split(".")[:i]): None for i in range(1, prefix.count(".") + 1)}
+    modules = {**{p: types.ModuleType(p) for p in parents}, prefix: package, common.__name__: common}
+    modules[yolo.__name__] = yolo
+    names = list(modules)
     saved = {n: sys.modules[n] for n in names if n in sys.modules}
-    sys.modules.update({prefix: package, common.__name__: common, yolo.__name__: yolo})
+    sys.modules.update(modules)
     try:
         yield
     finally:
