@@ -195,6 +195,11 @@ def _load_restricted(path: Path) -> Any:
         ) from None
     except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile, io.UnsupportedOperation,
             AttributeError, TypeError, IndexError, KeyError) as exc:  # fmt: skip
+        if "explicit pickle_module" in str(exc):  # TORCH_FORCE_WEIGHTS_ONLY_LOAD overrides weights_only=False
+            raise ForeignCheckpointError(
+                f"{path}: torch.load would not use this reader's restricted unpickler because "
+                "TORCH_FORCE_WEIGHTS_ONLY_LOAD is set; unset it to read a YOLOv5 checkpoint (nothing in it is run)"
+            ) from None
         raise ForeignCheckpointError(
             f"{path} is not a torch checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         ) from None
