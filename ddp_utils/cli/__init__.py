@@ -2,4 +2,6 @@
 
 - ``profile.py``: ``ddp-profile`` / ``python -m ddp_utils.cli.profile``, a model's summary,
   FLOPs and per-device forward/backward time (functions in :mod:`ddp_utils.profiling`).
+- ``convert.py``: ``python -m ddp_utils.convert yolov5s.pt [out.pt]``, a YOLOv5 checkpoint read
+  without running it (:mod:`ddp_utils.detect.foreign`) and written in ddp_utils' plain-data format.
 """

@@ -2,6 +2,7 @@
 
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
 from .evaluate import evaluate
+from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
 from .loss import ComputeLoss, FocalLoss, smooth_bce
 from .metrics import ImageRecord, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
@@ -28,9 +29,11 @@ __all__ = [
     "Detect",
     "FocalLoss",
     "Focus",
+    "ForeignCheckpointError",
     "ImageRecord",
     "Model",
     "ModelConfigError",
+    "UltralyticsCheckpointError",
     "autopad",
     "clip_boxes",
     "coco_metrics",
@@ -41,10 +44,12 @@ __all__ = [
     "make_divisible",
     "non_max_suppression",
     "parse_model",
+    "read_yolov5_checkpoint",
     "scale_boxes",
     "smooth_bce",
     "xywh2xyxy",
     "xywhn2xyxy",
     "xyxy2xywh",
     "xyxy2xywhn",
+    "yolov5_model",
 ]
