@@ -317,10 +317,12 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
             raise UnsafeCheckpointError(
                 f"checkpoint {path} contains arbitrary Python objects{_unsupported_global(str(exc))}, "
                 "not only tensors and plain values, so it was not loaded: unpickling it could run code. "
-                "If you trust where it came from, load it with load_checkpoint(path, trusted=True)."
+                "A YOLOv5 checkpoint is read without running it by ddp_utils.detect.read_yolov5_checkpoint "
+                "(train.py --weights takes it; python -m ddp_utils.convert converts it); for any other file "
+                "you trust, load_checkpoint(path, trusted=True)."
             ) from None
         unsafe = exc
-    except (RuntimeError, EOFError) as exc:
+    except (RuntimeError, EOFError, KeyError, IndexError, ValueError) as exc:  # torch's unpickler on a text file
         raise CheckpointError(f"checkpoint {path} is empty, truncated or not a torch checkpoint: {exc}") from exc
     warnings.warn(
         f"loading {path} with weights_only=False because trusted=True: it holds pickled Python objects"
