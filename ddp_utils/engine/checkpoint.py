@@ -337,28 +337,56 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
         ) from exc
 
 
-def _own_module_classes(path: Path) -> list[type]:
-    """The nn.Module classes a pickled-model checkpoint needs, when all are ddp_utils' or torch.nn's.
+# plain data that YOLOv5's checkpoints pickle beside the model (best_fitness is a numpy array, opt holds paths)
+_DATA_GLOBALS = frozenset(
+    {
+        "numpy.ndarray",
+        "numpy.dtype",
+        "numpy.core.multiarray._reconstruct",
+        "numpy.core.multiarray.scalar",
+        "numpy._core.multiarray._reconstruct",
+        "numpy._core.multiarray.scalar",
+        "pathlib.Path",
+        "pathlib.PosixPath",
+        "pathlib.WindowsPath",
+        "pathlib.PurePosixPath",
+        "pathlib.PureWindowsPath",
+    }
+)
+
+
+def _is_allowed(name: str, obj: Any) -> bool:
+    module_name = name.rpartition(".")[0]
+    if module_name.split(".")[0] == "ddp_utils" or module_name.startswith("torch.nn.modules."):
+        return isinstance(obj, type) and issubclass(obj, nn.Module)
+    return name in _DATA_GLOBALS or (module_name == "numpy.dtypes" and name.endswith("DType"))
+
+
+def _own_module_classes(path: Path) -> list[Any]:
+    """What a pickled-model checkpoint needs, when it is only ddp_utils' or torch.nn's modules and plain data.
 
     Raises:
         UnsafeCheckpointError: it pickles anything else (a YOLOv5/Ultralytics model, a function).
     """
+    allowed = []
     needed = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    classes = []
     for name in needed:
         module_name, _, qualname = name.rpartition(".")
-        cls = None
-        if module_name.split(".")[0] == "ddp_utils" or module_name.startswith("torch.nn.modules."):
-            with contextlib.suppress(ImportError, AttributeError):
-                cls = getattr(importlib.import_module(module_name), qualname)
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        obj = None
+        with contextlib.suppress(ImportError, AttributeError):
+            obj = getattr(importlib.import_module(module_name), qualname)
+        if obj is None or not _is_allowed(name, obj):
             raise UnsafeCheckpointError(
                 f"checkpoint {path} pickles {name}, which is not a ddp_utils or torch.nn module, so it was "
                 "not loaded: unpickling it could run code. A YOLOv5 checkpoint converts with "
                 "`python -m ddp_utils.convert`; a file you trust loads with load_checkpoint(path, trusted=True)."
             )
-        classes.append(cls)
-    return classes
+        allowed.append(obj)
+    if any(name.startswith("numpy.") for name in needed):
+        import numpy as np  # the dtype classes an array's dtype rebuilds from are not named in the file
+
+        allowed += [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
+    return allowed
 
 
 def _strip_pickled_model(ckpt: dict[str, Any], half: bool) -> None:
@@ -413,8 +441,15 @@ def strip_optimizer(
     try:
         ckpt = load_checkpoint(source)
     except UnsafeCheckpointError:
-        with torch.serialization.safe_globals(_own_module_classes(source)):
-            ckpt = torch.load(source, map_location="cpu", weights_only=True)
+        try:
+            with torch.serialization.safe_globals(_own_module_classes(source)):
+                ckpt = torch.load(source, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise UnsafeCheckpointError(
+                f"checkpoint {source} holds objects beyond ddp_utils/torch.nn modules and plain data"
+                f"{_unsupported_global(str(exc))}, so it was not loaded; load it with "
+                "load_checkpoint(path, trusted=True) if you trust it"
+            ) from None
     model = ckpt.get("model") if isinstance(ckpt, dict) else None
     if isinstance(model, nn.Module) or isinstance(ckpt.get("ema") if isinstance(ckpt, dict) else None, nn.Module):
         _strip_pickled_model(ckpt, half)
