@@ -204,12 +204,13 @@ def match_at_iou(labels: np.ndarray, predictions: np.ndarray, iou_threshold: flo
         mine = np.flatnonzero(predictions[:, 5] == cls)
         mine = mine[np.argsort(-predictions[mine, 4], kind="stable")]
         ious = _iou_matrix(predictions[mine, :4], truth)
+        ious[ious < iou_threshold] = -1.0
         free = np.ones(len(truth), bool)
-        for row, index in enumerate(mine.tolist()):
-            candidates = np.where(free & (ious[row] >= iou_threshold), ious[row], -1.0)
+        for row in np.flatnonzero(ious.max(1) >= 0).tolist():  # most detections overlap no label: skip them
+            candidates = np.where(free, ious[row], -1.0)
             best = int(np.argmax(candidates))
             if candidates[best] >= 0:
-                free[best], hit[index] = False, True
+                free[best], hit[mine[row]] = False, True
     return hit
 
 
