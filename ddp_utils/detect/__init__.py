@@ -4,7 +4,7 @@ from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
 from .evaluate import evaluate
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
 from .loss import ComputeLoss, FocalLoss, smooth_bce
-from .metrics import ImageRecord, coco_metrics, fitness
+from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
 from .ops import (
     clip_boxes,
@@ -24,9 +24,11 @@ __all__ = [
     "SPPF",
     "Bottleneck",
     "ComputeLoss",
+    "ClassMetrics",
     "Concat",
     "Conv",
     "Detect",
+    "DetectionMetrics",
     "FocalLoss",
     "Focus",
     "ForeignCheckpointError",
@@ -35,6 +37,7 @@ __all__ = [
     "ModelConfigError",
     "UltralyticsCheckpointError",
     "autopad",
+    "class_table",
     "clip_boxes",
     "coco_metrics",
     "evaluate",
