@@ -104,8 +104,8 @@ def main() -> None:
         print("\nmodel_info, YOLOv5's summary line (built, then fused with its parameters frozen as a release's are):")
         for name in names:
             model = detector(name, fused=False)
-            print(model_info(model, opt.imgsz)["summary"])
-            print(model_info(model.eval().fuse().requires_grad_(False), opt.imgsz)["summary"])
+            print(model_info(model, imgsz=opt.imgsz)["summary"])
+            print(model_info(model.eval().fuse().requires_grad_(False), imgsz=opt.imgsz)["summary"])
         timed, timed_name = detector(opt.profile_model, fused=False).train(), opt.profile_model
 
     device = opt.device or ("cpu,0" if torch.cuda.is_available() else "cpu")

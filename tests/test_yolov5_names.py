@@ -165,3 +165,16 @@ def test_strip_optimizer_refuses_foreign_classes(tmp_path):
         strip_optimizer(tmp_path / "foreign.pt")
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         strip_optimizer(tmp_path / "missing.pt")
+
+
+def test_model_info_takes_verbose_second_as_yolov5(model, caplog):
+    """utils/torch_utils.py: ``model_info(model, verbose=False, imgsz=640)``; a True second argument is verbose."""
+    import logging
+
+    from ddp_utils.profiling import model_info
+
+    with caplog.at_level(logging.INFO, logger="ddp_utils"):
+        info = model_info(model, True)
+    assert "model.0.conv.weight" in caplog.text  # the per-parameter table
+    assert info["summary"].endswith("GFLOPs")  # counted at 640, YOLOv5's default: no " at HxW"
+    assert info["gflops"] == pytest.approx(model_info(model, False, 640)["gflops"])

@@ -86,7 +86,7 @@ def run(opt: argparse.Namespace) -> list[dict]:
     if info.is_main:
         if opt.verbose:
             print(parameter_table(model))
-        print(model_info(model, opt.imgsz)["summary"])
+        print(model_info(model, imgsz=opt.imgsz)["summary"])
         print(flops(model, opt.imgsz, opt.batch_size).text())
     x = example_input(model, opt.imgsz, opt.batch_size)
     rows = gather_rows(profile_ops(x, model, n=opt.n, device=devices))

@@ -69,7 +69,7 @@ def model_gflops(model: nn.Module, imgsz: int | Sequence[int] = 640) -> tuple[fl
     return report.gflops * (h / stride) * (w / stride), report.counter
 
 
-def model_info(model: nn.Module, imgsz: int | Sequence[int] = 640, verbose: bool = False) -> dict[str, Any]:
+def model_info(model: nn.Module, verbose: bool = False, imgsz: int | Sequence[int] = 640) -> dict[str, Any]:
     """Count layers, parameters, gradients and GFLOPs, and log YOLOv5's one-line summary.
 
     The line reads as YOLOv5's, e.g. ``YOLOv5s summary: 214 layers, 7235389 parameters,
@@ -80,8 +80,9 @@ def model_info(model: nn.Module, imgsz: int | Sequence[int] = 640, verbose: bool
 
     Args:
         model: the model (a DDP or DataParallel wrapper is looked through).
+        verbose: also log one line per parameter tensor (see :func:`parameter_table`). Second, as in
+            YOLOv5's ``model_info(model, verbose=False, imgsz=640)``.
         imgsz: input size the GFLOPs are given for (batch 1), an int or (height, width).
-        verbose: also log one line per parameter tensor (see :func:`parameter_table`).
 
     Returns:
         A dict with "name", "layers", "parameters", "gradients", "gflops" (None when they
