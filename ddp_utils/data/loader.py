@@ -147,7 +147,7 @@ class EpochLoader:
             self.sampler = plain
         else:
             self.sampler = WeightedTrainSampler(
-                plain.n, plain.batch_size, weights, plain.rank, plain.world_size, plain.seed
+                plain.n, plain.batch_size, weights, plain.global_rank, plain.world_size, plain.seed
             )
         self.sampler.set_epoch(epoch)
         self._stale = True  # the workers may hold batches drawn with the old weights
@@ -262,13 +262,13 @@ def _group() -> tuple[int, int]:
     return -1, 1
 
 
-def _build_dataset(path, rank: int, prefix: str, **kwargs) -> YoloDataset:
+def _build_dataset(path, local_rank: int, prefix: str, **kwargs) -> YoloDataset:
     # Inside zero_first: the node's first process scans the labels and writes the label
     # cache (and the RAM image cache); the others then read what it wrote.
-    with torch_distributed_zero_first(rank):
+    with torch_distributed_zero_first(local_rank):
         im_files = find_images(path, prefix)
         label_set = load_labels(im_files, label_cache_path(im_files), prefix=prefix)
-        dataset = YoloDataset(label_set, prefix=prefix, local_rank=rank, **kwargs)
+        dataset = YoloDataset(label_set, prefix=prefix, local_rank=local_rank, **kwargs)
     dataset.label_cache_written = label_set.cache_written
     dataset.label_cache_loaded = label_set.cache_loaded
     return dataset
