@@ -213,16 +213,20 @@ def test_dense_loss_equals_the_reference_values_and_gradients(nc, per_image, ext
         targets = random_targets(gen, batch, per_image, nc)
         base = [torch.randn(batch, 3, n, n, 5 + nc, generator=gen) for n in (8, 4, 2)]
         results = []
-        for loss_class in (ComputeLoss, ReferenceLoss):
+        for loss_fn in (ComputeLoss(model, hyp, dense=True), ComputeLoss(model, hyp), ReferenceLoss(model, hyp)):
             preds = [p.clone().requires_grad_() for p in base]
-            loss, items = loss_class(model, hyp)(preds, targets)
+            loss, items = loss_fn(preds, targets)
             loss.backward()
             results.append((loss.detach(), items, [p.grad for p in preds]))
-        (loss, items, grads), (ref_loss, ref_items, ref_grads) = results
+        (loss, items, grads), (cpu_loss, cpu_items, cpu_grads), (ref_loss, ref_items, ref_grads) = results
+        # the dense (GPU) form: the same maths summed in another order
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)
         for grad, ref_grad in zip(grads, ref_grads):
             torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-7)
+        # off the GPU (the default there): bit for bit what the loss computed before
+        assert torch.equal(cpu_loss, ref_loss) and torch.equal(cpu_items, ref_items)
+        assert all(torch.equal(grad, ref_grad) for grad, ref_grad in zip(cpu_grads, ref_grads))
 
 
 def test_dense_assignment_selects_what_the_old_one_did():
