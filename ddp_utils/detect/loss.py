@@ -236,8 +236,7 @@ class ComputeLoss:
             obj_target[index] = obj_values.to(pred.dtype)
         cls_term = zero
         if self.nc > 1:
-            cls_target = torch.full_like(pcls, self.cls_neg)
-            cls_target[torch.arange(cls.shape[0], device=cls.device), cls] = self.cls_pos
+            cls_target = torch.full_like(pcls, self.cls_neg).scatter_(1, cls[:, None], self.cls_pos)
             if dense:
                 per_candidate = _elementwise(self.bce_cls, pcls, cls_target).sum(1)
                 cls_term = (per_candidate * weight).sum() / (count * self.nc)
@@ -266,7 +265,7 @@ class ComputeLoss:
             ratio = t[..., 4:6] / anchors[:, None]
             shape_ok = torch.max(ratio, 1 / ratio).max(2)[0] < self.anchor_t  # [na, n]
             xy = t[..., 2:4]
-            xy_inv = gain[[2, 3]] - xy
+            xy_inv = gain[2:4] - xy  # a slice: a list index would be a host-to-device copy
             # the neighbour cells on the side the centre leans to (left/up, right/down), inside the grid
             left, up = ((xy % 1 < 0.5) & (xy > 1)).unbind(-1)
             right, down = ((xy_inv % 1 < 0.5) & (xy_inv > 1)).unbind(-1)

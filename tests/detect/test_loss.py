@@ -272,3 +272,22 @@ def test_autobalance_keeps_weights_relative_to_stride_16_on_the_device():
     assert all(isinstance(b, torch.Tensor) for b in compute_loss.balance)
     assert float(compute_loss.balance[1]) == pytest.approx(1.0)
     assert float(compute_loss.balance[0]) > float(compute_loss.balance[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_loss_never_waits_for_the_device_and_matches_the_reference():
+    model = tiny_model(nc=4).cuda()
+    gen = torch.Generator().manual_seed(5)
+    targets = random_targets(gen, 2, 10, 4).cuda()
+    preds = [torch.randn(2, 3, n, n, 9, generator=gen).cuda().requires_grad_() for n in (8, 4, 2)]
+    compute_loss = ComputeLoss(model, HYP)
+    compute_loss(preds, targets)  # the first call copies its few constants to the device
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss, items = compute_loss(preds, targets)
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref_loss, ref_items = ReferenceLoss(model, HYP)(preds, targets)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)

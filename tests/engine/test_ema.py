@@ -140,3 +140,16 @@ def copy_as_half(model: nn.Module) -> nn.Module:
     import copy
 
     return copy.deepcopy(model).half()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_update_never_waits_for_the_device():
+    model = model_with_bn().cuda()
+    ema = ModelEMA(model, tau=1)
+    model(torch.randn(2, 3, 6, 6, device="cuda"))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ema.update(model)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert int(ema.ema[1].num_batches_tracked) == 1
