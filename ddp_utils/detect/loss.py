@@ -96,7 +96,7 @@ class LevelTargets(NamedTuple):
     box: torch.Tensor  # [N, 4] centre offset within the cell, w, h (grid units)
     index: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # image, anchor, gy, gx
     anchors: torch.Tensor  # [N, 2] the candidate's anchor (grid units)
-    valid: torch.Tensor  # [N] bool
+    valid: torch.Tensor | None  # [N] bool; None when only the matched ones were kept
 
 
 def _resolve_hyp(model: nn.Module, hyp: dict | None) -> dict:
@@ -189,7 +189,9 @@ class ComputeLoss:
         loss_obj = torch.zeros(1, device=device)
         loss_cls = torch.zeros(1, device=device)
         balance = []
-        for level, (pred, assigned) in enumerate(zip(preds, self.dense_targets(preds, targets))):
+        dense = self.dense if self.dense is not None else device.type == "cuda"
+        assignment = self.dense_targets(preds, targets, select=not dense)
+        for level, (pred, assigned) in enumerate(zip(preds, assignment)):
             box_term, cls_term, obj_target = self._level_terms(pred, assigned)
             loss_box += box_term
             loss_cls += cls_term
@@ -209,10 +211,8 @@ class ComputeLoss:
         self, pred: torch.Tensor, assigned: LevelTargets
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One level's box and class loss (means over the matched candidates) and its objectness target."""
-        dense = self.dense if self.dense is not None else pred.device.type == "cuda"
         cls, box, index, anchors, valid = assigned
-        if not dense:  # select the matched ones: the host reads their number, free off the GPU
-            cls, box, anchors, index = cls[valid], box[valid], anchors[valid], tuple(i[valid] for i in index)
+        dense = valid is not None
         zero = pred.new_zeros((), dtype=torch.float32)
         if not dense and not cls.shape[0]:
             return zero, zero, torch.zeros(pred.shape[:4], dtype=pred.dtype, device=pred.device)
@@ -244,11 +244,15 @@ class ComputeLoss:
                 cls_term = self.bce_cls(pcls, cls_target)
         return box_term, cls_term, obj_target
 
-    def dense_targets(self, preds: list[torch.Tensor], targets: torch.Tensor) -> list[LevelTargets]:
+    def dense_targets(
+        self, preds: list[torch.Tensor], targets: torch.Tensor, select: bool = False
+    ) -> list[LevelTargets]:
         """Every (neighbour, anchor, target) candidate per level with its ``valid`` flag; no host wait.
 
         The candidates are ordered neighbour-major, then anchor, then target: the order of the
         selected ones in :meth:`build_targets`, which decides which target a shared cell keeps.
+        With ``select`` only the valid ones are kept (``valid`` is then None): less arithmetic
+        where reading their number back costs no wait, i.e. off the GPU.
         """
         device = targets.device
         n_targets = targets.shape[0]
@@ -272,14 +276,16 @@ class ComputeLoss:
             valid = (torch.stack((torch.ones_like(left), left, up, right, down)) & shape_ok).reshape(-1)
             t = t.expand(5, -1, -1, -1).reshape(-1, 7)
             shift = (xy.new_zeros(1, self.na, n_targets, 2) + offsets).reshape(-1, 2)
+            if select:
+                t, shift, valid = t[valid], shift[valid], None
             image, cls, anchor = t[:, 0].long(), t[:, 1].long(), t[:, 6].long()
             xy, wh = t[:, 2:4], t[:, 4:6]
             cell = (xy - shift).long()
             gx, gy = cell[:, 0].clamp(0, nx - 1), cell[:, 1].clamp(0, ny - 1)
             matched = anchors[anchor]
             box = torch.cat((xy - torch.stack((gx, gy), 1), wh), 1)
-            # an unmatched candidate's box becomes its anchor's, centred: finite CIoU and gradients
-            box = torch.where(valid[:, None], box, torch.cat((torch.full_like(xy, 0.5), matched), 1))
+            if valid is not None:  # an unmatched candidate's box becomes its anchor's, centred: finite CIoU
+                box = torch.where(valid[:, None], box, torch.cat((torch.full_like(xy, 0.5), matched), 1))
             result.append(LevelTargets(cls, box, (image, anchor, gy, gx), matched, valid))
         return result
 
@@ -295,10 +301,8 @@ class ComputeLoss:
             Per level: classes [m], boxes [m, 4] (centre offset within the cell, w, h; grid units),
             indices (image, anchor, gy, gx), and the matched anchors [m, 2].
         """
-        result = []
-        for cls, box, index, anchors, valid in self.dense_targets(preds, targets.to(preds[0].device)):
-            result.append((cls[valid], box[valid], tuple(i[valid] for i in index), anchors[valid]))
-        return result
+        assignment = self.dense_targets(preds, targets.to(preds[0].device), select=True)
+        return [(cls, box, index, anchors) for cls, box, index, anchors, _ in assignment]
 
     def _constant(self, device: torch.device, key: object, value: torch.Tensor) -> torch.Tensor:
         """``value`` on ``device``, copied there once per key (a host-to-device copy waits for the GPU)."""
