@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import complete_box_iou_loss
 
+from ..boxes import xywh2xyxy
 from .model import Detect
 
 _REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t")
@@ -78,11 +79,6 @@ def _elementwise(loss_fn: nn.Module, pred: torch.Tensor, true: torch.Tensor) -> 
     return F.binary_cross_entropy_with_logits(
         pred, true, weight=loss_fn.weight, pos_weight=loss_fn.pos_weight, reduction="none"
     )
-
-
-def _cxcywh_to_xyxy(box: torch.Tensor) -> torch.Tensor:
-    half = box[:, 2:4] / 2
-    return torch.cat((box[:, :2] - half, box[:, :2] + half), 1)
 
 
 class LevelTargets(NamedTuple):
@@ -220,9 +216,7 @@ class ComputeLoss:
         pxy, pwh, _, pcls = picked.split((2, 2, 1, self.nc), 1)
         pxy = pxy.sigmoid() * 2 - 0.5
         pwh = (pwh.sigmoid() * 2) ** 2 * anchors
-        ciou_loss = complete_box_iou_loss(
-            _cxcywh_to_xyxy(torch.cat((pxy, pwh), 1).float()), _cxcywh_to_xyxy(box), reduction="none"
-        )
+        ciou_loss = complete_box_iou_loss(xywh2xyxy(torch.cat((pxy, pwh), 1).float()), xywh2xyxy(box), reduction="none")
         # objectness learns how well its box fits: CIoU, floored at 0
         obj_values = (1.0 - ciou_loss).detach().clamp(0)
         if dense:
