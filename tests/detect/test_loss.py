@@ -128,7 +128,7 @@ class ReferenceLoss(ComputeLoss):
     def __call__(self, preds, targets):
         from torchvision.ops import complete_box_iou_loss
 
-        from ddp_utils.detect.loss import _cxcywh_to_xyxy
+        from ddp_utils.boxes import xywh2xyxy
 
         device = preds[0].device
         loss_box, loss_obj, loss_cls = (torch.zeros(1, device=device) for _ in range(3))
@@ -140,7 +140,7 @@ class ReferenceLoss(ComputeLoss):
                 pxy = pxy.sigmoid() * 2 - 0.5
                 pwh = (pwh.sigmoid() * 2) ** 2 * anchors
                 ciou_loss = complete_box_iou_loss(
-                    _cxcywh_to_xyxy(torch.cat((pxy, pwh), 1).float()), _cxcywh_to_xyxy(box), reduction="none"
+                    xywh2xyxy(torch.cat((pxy, pwh), 1).float()), xywh2xyxy(box), reduction="none"
                 )
                 loss_box += ciou_loss.mean()
                 obj_target[index] = (1.0 - ciou_loss).detach().clamp(0).to(obj_target.dtype)
