@@ -46,10 +46,12 @@ How a training script uses it (names as in YOLOv5's train.py)::
 
 from .checkpoint import (
     CHECKPOINT_KEYS,
+    Checkpointer,
     CheckpointError,
     CheckpointWriteError,
     UnsafeCheckpointError,
     atomic_torch_save,
+    atomic_write_bytes,
     build_checkpoint,
     check_plain,
     latest_checkpoint,
@@ -85,6 +87,7 @@ __all__ = [
     "OPTIMIZERS",
     "RESULTS_COLUMNS",
     "CheckpointError",
+    "Checkpointer",
     "CheckpointWriteError",
     "EarlyStopping",
     "ModelEMA",
@@ -94,6 +97,7 @@ __all__ = [
     "Warmup",
     "accumulate_steps",
     "atomic_torch_save",
+    "atomic_write_bytes",
     "build_checkpoint",
     "check_plain",
     "class_color",
