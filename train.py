@@ -80,23 +80,29 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def usage_error(message: str) -> None:
+    """A user's mistake: one line naming the value and what to do, exit code 2 (as argparse), no traceback."""
+    du.LOGGER.error(f"train.py: error: {message}")
+    sys.exit(2)
+
+
 def check_opt(opt: argparse.Namespace, info: du.DistInfo) -> None:
     """Refuse bad combinations before any process group starts."""
     if opt.batch_size < 1:
-        raise SystemExit(f"--batch-size {opt.batch_size}: give the total batch size, a positive integer")
+        usage_error(f"--batch-size {opt.batch_size}: give the total batch size, a positive integer")
     if opt.batch_size % info.world_size:
-        raise SystemExit(
+        usage_error(
             f"--batch-size {opt.batch_size} does not divide by WORLD_SIZE={info.world_size}: "
             f"use a multiple of {info.world_size}"
         )
     if opt.image_weights and info.world_size > 1:
-        raise SystemExit("--image-weights works in a single process only: drop it or run without torchrun")
+        usage_error("--image-weights works in a single process only: drop it or run without torchrun")
     if opt.epochs is not None and opt.epochs < 1:
-        raise SystemExit(f"--epochs {opt.epochs}: train at least one epoch")
+        usage_error(f"--epochs {opt.epochs}: train at least one epoch")
     if opt.sync_bn and info.world_size == 1:
         du.LOGGER.warning("--sync-bn has no effect in a single process")
     if opt.rect and opt.multi_scale:
-        raise SystemExit("--rect and --multi-scale do not go together: rect batches have fixed shapes")
+        usage_error("--rect and --multi-scale do not go together: rect batches have fixed shapes")
 
 
 def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Namespace, dict | None]:
@@ -114,9 +120,12 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
             last = engine.latest_checkpoint(opt.project, run_key=run_key)
             if last is None:
                 du.LOGGER.warning(f"elastic restart {info.restart_count}: no last.pt of this run yet, starting over")
-    last = du.broadcast_object(str(last) if last else None)
+    # every rank raises the same error, or none
+    last, exists = du.broadcast_object((str(last), Path(last).is_file()) if last is not None else (None, False))
     if opt.resume and last is None:
         raise FileNotFoundError(f"--resume: no {opt.project}/*/weights/last.pt to resume; give the path")
+    if last is not None and not exists:
+        raise FileNotFoundError(f"--resume {last}: no such checkpoint; give the path of a run's weights/last.pt")
     opt.run_key = run_key
     if last is None:
         return opt, None
@@ -155,8 +164,7 @@ def main(opt: argparse.Namespace) -> None:
             run = setup(opt, device, info, ckpt)
         except USER_ERRORS as exc:
             du.LOGGER.debug("the user error's traceback", exc_info=True)
-            du.LOGGER.error(f"train.py: error: {exc}")
-            sys.exit(2)
+            usage_error(str(exc))
         train(run, opt, info)
         finished = True
     finally:
