@@ -219,8 +219,9 @@ def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
 def make_run_dir(opt: argparse.Namespace, info: du.DistInfo, hyp: dict) -> None:
     """Rank 0 claims project/nameN (unless resuming) and records the options and hyperparameters used."""
     if not opt.resume:
-        new_dir = engine.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
-        opt.save_dir = str(du.broadcast_object(new_dir if info.is_main else None))
+        run_dir = Path(opt.project) / opt.name
+        new_dir = engine.increment_path(run_dir, exist_ok=opt.exist_ok, mkdir=True) if info.is_main else None
+        opt.save_dir = str(du.broadcast_object(new_dir))
     if info.is_main:
         engine.yaml_save(Path(opt.save_dir) / "hyp.yaml", hyp)
         engine.yaml_save(Path(opt.save_dir) / "opt.yaml", vars(opt))
