@@ -193,7 +193,8 @@ def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
         du.LOGGER.info(f"transferred {done}/{total} tensors from {opt.weights}")
     freeze_layers(model, freeze_indices(opt.freeze))
     gs = grid_size(model)
-    imgsz = check_img_size(opt.imgsz or defaults.get("imgsz", 640), gs)
+    opt.imgsz = opt.imgsz or defaults.get("imgsz", 640)
+    imgsz = check_img_size(opt.imgsz, gs)
 
     # ---- loaders: each process loads batch_size / world_size images per step ----
     batch = opt.batch_size // info.world_size
@@ -252,8 +253,8 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
     compute_loss = ComputeLoss(model, loss_hyp)
 
     # ---- channels_last (CUDA) and compile on request, SyncBatchNorm, then DDP (it broadcasts rank 0's weights) ----
-    if cuda:
-        model = model.to(memory_format=torch.channels_last)  # convolutions run much faster so on CUDA
+    if cuda:  # convolutions run much faster so on CUDA (not on the CPU: there it changes nothing we need)
+        model, ema.ema = model.to(memory_format=torch.channels_last), ema.ema.to(memory_format=torch.channels_last)
     if opt.compile:
         model.compile()  # in place: parameter names and checkpoints stay as they are
     if info.distributed:
