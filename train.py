@@ -25,18 +25,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
 from ddp_utils import engine
-from ddp_utils.data import DataConfigError, check_dataset, create_dataloader, create_val_dataloader, load_hyp
-from ddp_utils.detect import ComputeLoss, Model, ModelConfigError, evaluate, fitness, scale_loss_gains
+from ddp_utils.data import check_dataset, create_dataloader, create_val_dataloader, load_hyp
+from ddp_utils.detect import ComputeLoss, Model, evaluate, fitness, scale_loss_gains
 from ddp_utils.detect.weights import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
-USER_ERRORS = (
-    FileNotFoundError,
-    DataConfigError,
-    ModelConfigError,
-    engine.CheckpointError,
-    du.DistEnvError,
-    ValueError,
-)
+# the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
+USER_ERRORS = (FileNotFoundError, ValueError, engine.CheckpointError, du.DistEnvError)
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -290,7 +284,8 @@ def train(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> d
     )
 
     # ---- the training loop ----
-    metrics, epoch = {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}, start_epoch
+    # the last validation's (metrics, val_loss): epochs skipped by --noval report them again, as results.csv did
+    last_val, epoch = ({"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}, torch.zeros(3)), start_epoch
     with engine.PreemptionHandler() as preemption:
         for epoch in range(start_epoch, opt.epochs):
             run.train_loader.set_epoch(epoch)
@@ -307,14 +302,15 @@ def train(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> d
                 du.LOGGER.warning(f"stopped by a signal during epoch {epoch + 1}: saved {checkpoints.last}; "
                                   f"continue with: python train.py --resume {checkpoints.last}")  # fmt: skip
                 break
-            metrics, best_fitness, stop = validate_and_checkpoint(
-                run, opt, epoch, step, stats, train_loss, lrs, logger, stopper, checkpoints, best_fitness, metrics
+            last_val, best_fitness, stop = validate_and_checkpoint(
+                run, opt, epoch, step, stats, train_loss, lrs, logger, stopper, checkpoints, best_fitness, last_val
             )
             if stop:
                 break
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
     logger.close()
+    metrics = last_val[0]
     if info.is_main and not preemption.requested():
         if checkpoints.best.exists():
             engine.strip_optimizer(checkpoints.best)
@@ -336,10 +332,10 @@ def plot_first_batches(save_dir: Path, names: dict, enabled: bool):
 
 
 def validate_and_checkpoint(run, opt, epoch, step, stats, train_loss, lrs, logger, stopper, checkpoints,
-                            best_fitness, metrics) -> tuple[dict, float, bool]:  # fmt: skip
-    """Validate with the EMA weights on every rank's shard, log one line, save; returns (metrics, best, stop)."""
+                            best_fitness, last_val) -> tuple[tuple, float, bool]:  # fmt: skip
+    """Validate with the EMA weights on every rank's shard, log one line, save; returns (last_val, best, stop)."""
     final_epoch = epoch + 1 == opt.epochs
-    val_loss = torch.zeros(3)
+    metrics, val_loss = last_val
     if not opt.noval or final_epoch:
         step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
         metrics, val_loss = evaluate(step.ema.ema, run.val_loader, step.compute_loss, device=run.device, verbose=False)
@@ -356,7 +352,7 @@ def validate_and_checkpoint(run, opt, epoch, step, stats, train_loss, lrs, logge
     if not opt.nosave or final_epoch or stop:
         model, ema, optimizer, scaler = step.model, step.ema, step.optimizer, step.scaler
         checkpoints.save(epoch, model, ema, optimizer, scaler, best_fitness, best=best_fitness == fit)
-    return metrics, best_fitness, stop
+    return (metrics, val_loss), best_fitness, stop
 
 
 if __name__ == "__main__":
