@@ -171,3 +171,13 @@ def test_no_sync_on_accumulation_steps_gives_the_synced_weights_on_gloo():
         # one bucket: 8 backward passes all-reduce 8 times when always synced, twice with no_sync
         assert record["synced_calls"] == 8 and record["skipping_calls"] == 2, record
     assert rank0["weights"] == rank1["weights"]  # DDP keeps the ranks equal either way
+
+
+@pytest.mark.timeout(120)
+def test_bf16_autocast_on_cpu_trains_without_a_scaler():
+    model, optimizer, ema, compute_loss, warmup, scaler, _ = fresh_run(2, False)
+    before = [p.detach().clone() for p in model.parameters()]
+    step = TrainStep(model, optimizer, scaler, ema, compute_loss, 1, None, amp="bf16")
+    stats = train_one_epoch(step, batches(2), 0, CPU)
+    assert torch.isfinite(stats.loss).all() and step.optimizer_steps == 2 and not scaler.is_enabled()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
