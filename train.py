@@ -198,12 +198,7 @@ def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
         quad=opt.quad, prefix="train: ", shuffle=True, seed=opt.seed, **common,
     )  # fmt: skip
     val_loader, _ = create_val_dataloader(data["val"], imgsz, batch * 2, gs, prefix="val: ", **common)
-    for label_file, labels in zip(dataset.label_files, dataset.labels):
-        if len(labels) and int(labels[:, 0].max()) >= nc:
-            raise ValueError(
-                f"{label_file}: class {int(labels[:, 0].max())} but {opt.data} has nc={nc} (classes 0..{nc - 1}): "
-                "fix the label or the data yaml's names"
-            )
+    dataset.check_classes(nc, opt.data)  # a label class >= nc: one line naming the label file
     make_run_dir(opt, info, hyp)
     return SimpleNamespace(
         device=device, info=info, ckpt=ckpt, hyp=hyp, nc=nc, names=names, model=model, gs=gs, imgsz=imgsz,

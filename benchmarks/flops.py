@@ -6,8 +6,9 @@
 
 Part 1 counts each detector, fused as YOLOv5 publishes it (Conv+BN folded), at 640 x 640,
 batch 1, with both counters, next to YOLOv5's table (parameters in millions, GFLOPs =
-2 x MACs). Part 2 times forward and backward of the training model (train mode, unfused)
-with ddp_utils.profiling.profile on the CPU and, when there is one, the first GPU.
+2 x MACs), then prints model_info's YOLOv5-style summary line before and after fusing.
+Part 2 times forward and backward of the training model (train mode, unfused) with
+ddp_utils.profiling.profile on the CPU and, when there is one, the first GPU.
 
 With --torchvision the same two parts run on a torchvision model; its "published" column
 is the weights' metadata ``_ops`` (torchvision's GFLOPS, which count multiply-adds), doubled
@@ -25,7 +26,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's ddp_utils, installed or not
-from ddp_utils.profiling import flops, format_table, profile  # noqa: E402
+from ddp_utils.profiling import flops, format_table, model_info, profile  # noqa: E402
 
 # YOLOv5 v7.0 README: params (M), GFLOPs at 640 (fused)
 PUBLISHED = {
@@ -100,6 +101,11 @@ def main() -> None:
         names = list(PUBLISHED) if opt.models == "all" else [m.strip() for m in opt.models.split(",")]
         for name in names:
             print(compare(f"{name} (fused)", detector(name, fused=True), PUBLISHED.get(name, (None, None)), opt.imgsz))
+        print("\nmodel_info, YOLOv5's summary line (built, then fused with its parameters frozen as a release's are):")
+        for name in names:
+            model = detector(name, fused=False)
+            print(model_info(model, imgsz=opt.imgsz)["summary"])
+            print(model_info(model.eval().fuse().requires_grad_(False), imgsz=opt.imgsz)["summary"])
         timed, timed_name = detector(opt.profile_model, fused=False).train(), opt.profile_model
 
     device = opt.device or ("cpu,0" if torch.cuda.is_available() else "cpu")

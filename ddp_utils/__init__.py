@@ -24,7 +24,7 @@ from .dist import (
     torch_distributed_zero_first,
 )
 from .log import LOGGER, set_logging
-from .profiling import FlopsReport, flops, format_table, model_info
+from .profiling import FlopsReport, flops, format_table, model_info, profile
 from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, seed_worker, worker_seed
 
 __version__ = "0.1.0"
@@ -62,6 +62,7 @@ __all__ = [
     "make_shapes_dataset",
     "model_info",
     "non_max_suppression",
+    "profile",
     "rank_seed",
     "rank_zero_only",
     "reduce_dict",

@@ -1,4 +1,4 @@
-"""Tests of ddp_utils.profiling (model_info, flops, profile) and the ddp-profile CLI."""
+"""Tests of ddp_utils.profiling (model_info, flops, profile) and the ddp-profile CLI (ddp_utils.cli.profile)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ddp_utils.profile import main as profile_main
+from ddp_utils.cli.profile import main as profile_main
 from ddp_utils.profiling import flops, format_table, gather_rows, model_info, parse_devices, profile
 from tests.multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
 
@@ -161,7 +161,9 @@ def test_model_info_counts(caplog):
     assert info["gradients"] == bn + linear
     assert info["gflops"] == pytest.approx(flops(model, imgsz=8).gflops)
     assert info["counter"] == "thop"
-    assert f"5 layers, {conv + bn + linear:,} parameters, {bn + linear:,} gradients" in info["summary"]
+    assert info["summary"].startswith(
+        f"Sequential summary: 5 layers, {conv + bn + linear} parameters, {bn + linear} gradients"
+    )
     assert info["summary"] in caplog.text
     for name, _ in model.named_parameters():
         assert name in caplog.text  # the per-parameter table
@@ -179,7 +181,8 @@ def test_model_info_survives_an_uncountable_model(caplog):
     with caplog.at_level(logging.WARNING, logger="ddp_utils"):
         info = model_info(NeedsTwoInputs(), imgsz=8)
     assert info["parameters"] == 1 and info["gflops"] is None
-    assert "GFLOPs not counted" in caplog.text and "GFLOPs unknown" in info["summary"]
+    assert "GFLOPs not counted" in caplog.text
+    assert info["summary"] == "NeedsTwoInputs summary: 1 layers, 1 parameters, 1 gradients"  # as YOLOv5: no GFLOPs part
 
 
 COLUMNS = {
@@ -287,13 +290,13 @@ def test_cli_torchvision_prints_both_tables():
     import torchvision
 
     expected = sum(p.numel() for p in torchvision.models.resnet18(weights=None).parameters())
-    cmd = [sys.executable, "-m", "ddp_utils.profile", "--torchvision", "resnet18", "--imgsz", "64"]
+    cmd = [sys.executable, "-m", "ddp_utils.cli.profile", "--torchvision", "resnet18", "--imgsz", "64"]
     cmd += ["--device", "cpu", "--n", "2"]
     env = launcher_env()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert f"ResNet summary: 68 layers, {expected:,} parameters, {expected:,} gradients" in out
+    assert f"ResNet summary: 68 layers, {expected} parameters, {expected} gradients" in out
     assert "thop" in out and "FlopCounterMode" in out and "(1, 3, 64, 64)" in out
     table = out[out.index("forward/backward of ResNet (train mode)") :].splitlines()
     assert table[1].split()[:4] == ["op", "device", "params", "GFLOPs"]
@@ -345,13 +348,13 @@ def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
     port = free_port()
     env = launcher_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(port), "-m", "ddp_utils.profile", "--torchvision", "resnet18", "--imgsz", "32"]
+    cmd += ["--master_port", str(port), "-m", "ddp_utils.cli.profile", "--torchvision", "resnet18", "--imgsz", "32"]
     cmd += ["--device", "cpu", "--repeats", "2"]
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    (run,) = collect([proc], start, 140, "torchrun ddp_utils.profile")
+    (run,) = collect([proc], start, 140, "torchrun ddp_utils.cli.profile")
     assert run.returncode == 0, describe([run])
     assert run.stdout.count("ResNet summary:") == 1  # rank 0 alone prints
     table = run.stdout[run.stdout.index("forward/backward of ResNet") :].splitlines()
@@ -360,11 +363,98 @@ def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
 
 
 def test_cli_profiles_the_detector_from_its_yaml():
-    cmd = [sys.executable, "-m", "ddp_utils.profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "ddp_utils.cli.profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu"]
     cmd += ["--n", "1"]
     env = launcher_env()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     # the exact yolov5n architecture, and 3 detection levels at strides 8, 16, 32
-    assert "Model summary: 270 layers, 1,872,157 parameters" in proc.stdout
+    assert "YOLOv5n summary: 214 layers, 1872157 parameters, 1872157 gradients, 0.046 GFLOPs at 64x64" in proc.stdout
     assert "(1, 3, 8, 8, 85), (1, 3, 4, 4, 85), (1, 3, 2, 2, 85)" in proc.stdout
+
+
+# YOLOv5 v7.0 prints these for the same architectures (train.py at model build; val.py and
+# detect.py after "Fusing layers...", on a checkpoint whose parameters require no grad):
+#   YOLOv5s summary: 214 layers, 7235389 parameters, 7235389 gradients, 16.6 GFLOPs
+#   YOLOv5s summary: 157 layers, 7225885 parameters, 0 gradients, 16.4 GFLOPs
+#   YOLOv5n summary: 214 layers, 1872157 parameters, 1872157 gradients, 4.6 GFLOPs
+#   YOLOv5n summary: 157 layers, 1867405 parameters, 0 gradients, 4.5 GFLOPs
+# Its layers are len(list(model.modules())): v7.0's Conv shares one SiLU object among all Convs
+# (v6.x gave each Conv its own: "270 layers" unfused, "213 layers" fused), and its fuse deletes
+# each Conv's batch norm (57 Convs in either size).
+YOLOV5_SUMMARY = {
+    "yolov5s": ((7235389, 16.6), (7225885, 16.4)),
+    "yolov5n": ((1872157, 4.6), (1867405, 4.5)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["yolov5s", "yolov5n"])
+def test_model_info_prints_yolov5s_summary_before_and_after_fuse(size, caplog):
+    from ddp_utils.detect.model import Model
+
+    (params, gflops), (fused_params, fused_gflops) = YOLOV5_SUMMARY[size]
+    layers, fused_layers = 214, 157  # YOLOv5 v7.0's, whose Convs share one activation object as ours do
+    name = size.replace("yolov5", "YOLOv5")
+    model = Model(f"{size}.yaml")
+    with caplog.at_level(logging.INFO, logger="ddp_utils"):
+        info = model_info(model)
+    expected = f"{name} summary: {layers} layers, {params} parameters, {params} gradients, {gflops} GFLOPs"
+    assert info["summary"] == expected and expected in caplog.text
+    assert (info["name"], info["layers"], info["parameters"], info["counter"]) == (name, layers, params, "thop")
+
+    model.fuse()  # fused convs are frozen, as YOLOv5's: "0 gradients"
+    model.requires_grad_(False)  # the Detect head's convs are not fused; YOLOv5's released weights need no grad
+    info = model_info(model)
+    assert (
+        info["summary"]
+        == f"{name} summary: {fused_layers} layers, {fused_params} parameters, 0 gradients, {fused_gflops} GFLOPs"
+    )
+
+
+def test_detector_gflops_counted_at_its_stride_scale_exactly():
+    from ddp_utils.detect.model import Model, load_model_yaml
+    from ddp_utils.profiling import model_gflops
+
+    cfg = {**load_model_yaml("yolov5n.yaml")[0], "width_multiple": 0.0625}
+    model = Model(cfg)
+    gflops, counter = model_gflops(model, (64, 96))  # counted on 32 x 32, scaled by area
+    assert counter == "thop" and gflops == pytest.approx(flops(model, (64, 96)).gflops, rel=1e-9)
+    assert model_info(model, imgsz=(64, 96))["name"] == "Model"  # built from a dict: no yaml file to name it
+
+
+def test_a_layer_stride_is_not_a_detector_stride():
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)  # Conv2d.stride is a tuple: counted at the size asked
+    assert model_info(conv, imgsz=8)["gflops"] == pytest.approx(flops(conv, imgsz=8).gflops)
+    assert model_info(conv, imgsz=8)["summary"].endswith("GFLOPs at 8x8")
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [(["0,1"], "is not valid"), ("cpu,gpu", "'gpu' in 'cpu,gpu' is not valid"), ("cuda:x", "is not valid")],
+)
+def test_parse_devices_reads_each_name_with_device_parse_device(device, message):
+    with pytest.raises(ValueError, match=message):
+        parse_devices(device)
+
+
+def test_parse_devices_names_as_device_parse_device_does():
+    assert parse_devices(" CPU , cpu") == [torch.device("cpu")] * 2
+    assert parse_devices(torch.device("cpu")) == [torch.device("cpu")]
+    assert parse_devices(None) == [torch.device("cuda", 0) if CUDA else torch.device("cpu")]
+
+
+def test_top_level_profile_is_the_function():
+    import ddp_utils
+    import ddp_utils.profiling
+
+    assert ddp_utils.profile is ddp_utils.profiling.profile and callable(ddp_utils.profile)
+    assert "profile" in ddp_utils.__all__
+    assert not (REPO_ROOT / "ddp_utils" / "profile.py").exists()  # the command line moved to ddp_utils.cli
+
+
+def test_cli_module_help():
+    cmd = [sys.executable, "-m", "ddp_utils.cli.profile", "--help"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=launcher_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: ddp-profile") and "--torchvision" in proc.stdout

@@ -1,12 +1,34 @@
-"""Datasets in the YOLO format: data yamls, labels and their cache, the synthetic default dataset."""
+"""Datasets in the YOLO format, from the data yaml to the batches of each rank.
+
+What lives where:
+
+- ``config.py``: the data yaml (load, resolve paths, check, fetch), hyperparameter yamls, ``hyp_value``.
+- ``labels.py``: find images and verify their labels; the label cache (versioned, hashed, pickle-free).
+- ``headers.py``: image sizes from file headers, without decoding.
+- ``images.py``: read and resize images; the image cache (RAM: one copy per node; disk: .npy).
+- ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective.
+- ``dataset.py``: :class:`YoloDataset` (with YOLOv5's attribute names), rect batch shapes, collate functions.
+- ``weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).
+- ``samplers.py``: train, weighted-train and exactly-once eval samplers, one guarantee per class.
+- ``workers.py``: what runs at loader-worker start (seeding, allocator, OpenCV threads, SIGTERM),
+  and how many workers a process gets.
+- ``transfer.py``: batches back from the workers through reused shared-memory slots.
+- ``loader.py``: :func:`create_dataloader`, :func:`create_val_dataloader` and :class:`EpochLoader`,
+  whose workers stay across epochs.
+- ``synthetic.py``: an offline synthetic detection dataset (the default data).
+
+The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
+"""
 
 from .augment import letterbox
-from .config import DataConfigError, DownloadError, check_dataset, datasets_dir, load_hyp
-from .dataset import SampleKey, YoloDataset
+from .config import DataConfigError, DownloadError, check_dataset, datasets_dir, hyp_value, load_hyp
+from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
-from .loader import EpochLoader, EpochSampler, create_dataloader, create_val_dataloader
+from .loader import EpochLoader, create_dataloader, create_val_dataloader
+from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
 from .synthetic import generate, make_shapes_dataset
+from .weights import labels_to_class_weights, labels_to_image_weights
 
 __all__ = [
     "IMG_FORMATS",
@@ -14,8 +36,11 @@ __all__ = [
     "DownloadError",
     "EpochLoader",
     "EpochSampler",
+    "EvalSampler",
     "LabelSet",
     "SampleKey",
+    "TrainSampler",
+    "WeightedTrainSampler",
     "YoloDataset",
     "check_dataset",
     "create_dataloader",
@@ -23,11 +48,15 @@ __all__ = [
     "datasets_dir",
     "find_images",
     "generate",
+    "hyp_value",
     "img2label_paths",
     "label_cache_path",
+    "labels_to_class_weights",
+    "labels_to_image_weights",
     "letterbox",
     "load_image",
     "load_hyp",
     "load_labels",
     "make_shapes_dataset",
+    "rect_batch_shapes",
 ]

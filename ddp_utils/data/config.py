@@ -37,6 +37,7 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -437,3 +438,11 @@ def _merge_into(tree: Path, root: Path) -> None:
             _merge_into(entry, target)
         elif not target.exists():
             os.rename(entry, target)
+
+
+def hyp_value(hyp: Mapping[str, float] | None, key: str, default: float = 0.0) -> float:
+    """A hyperparameter, or ``default`` when it or the whole dict is missing."""
+    if not hyp:
+        return default
+    value = hyp.get(key, default)
+    return default if value is None else float(value)

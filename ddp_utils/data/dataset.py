@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Union
 
 import cv2
@@ -18,26 +19,48 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..boxes import xywhn_to_xyxy, xyxy_to_xywhn
 from ..seed import derive_seed
-from .augment import (
-    augment_hsv,
-    flip_lr,
-    flip_ud,
-    hyp_value,
-    letterbox,
-    mixup,
-    mosaic4,
-    random_perspective,
-    rect_batch_shapes,
-    xywhn_to_xyxy,
-    xyxy_to_xywhn,
-)
+from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
+from .config import DataConfigError, hyp_value
 from .images import DiskImageCache, SharedImageCache, load_image, normalize_cache, read_image, resized_shape
+from .warp import mosaic4, random_perspective
 
 if TYPE_CHECKING:
     from .labels import LabelSet
 
 Shapes = Union[tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]], None]
+
+
+def rect_batch_shapes(aspect_hw: np.ndarray, batches: Sequence[Sequence[int]], imgsz: int, stride: int, pad: float):
+    """The letterbox shape (h, w) of each batch for rectangular training/eval.
+
+    Each batch gets the smallest stride-multiple shape holding its images at long side
+    ``imgsz`` (plus ``pad`` strides), as YOLOv5 does with aspect-sorted images.
+
+    Args:
+        aspect_hw: [N] h / w of every image.
+        batches: index lists, one per batch.
+        imgsz: long side.
+        stride: the model's largest stride.
+        pad: extra padding in strides.
+
+    Returns:
+        [len(batches), 2] int array of (h, w).
+
+    Examples:
+        >>> rect_batch_shapes(np.array([0.5, 0.75]), [[0, 1]], 640, 32, 0.0).tolist()
+        [[480, 640]]
+    """
+    shapes = np.ones((len(batches), 2))
+    for b, idx in enumerate(batches):
+        ar = aspect_hw[list(idx)]
+        lo, hi = ar.min(), ar.max()
+        if hi < 1:
+            shapes[b] = [hi, 1]
+        elif lo > 1:
+            shapes[b] = [1, 1 / lo]
+    return (np.ceil(shapes * imgsz / stride + pad) * stride).astype(int)
 
 
 def stack_images(images: Sequence[torch.Tensor], out: np.ndarray | None = None) -> torch.Tensor:
@@ -91,6 +114,11 @@ class YoloDataset(Dataset):
     the image path; and ``shapes``, None for a mosaic, else ``((h0, w0), ((h / h0, w / w0),
     (pad_w, pad_h)))`` to map boxes back to the original image.
 
+    YOLOv5's train.py finds its attributes under its names: ``n``, ``indices`` (assignable,
+    see :attr:`indices`), ``labels``, ``segments``, ``shapes`` ((w, h) per image),
+    ``im_files``, ``label_files``, ``batch``, ``mosaic_border``, ``img_size``, ``augment``,
+    ``rect``, ``stride`` and ``hyp``.
+
     Args:
         label_set: verified images and labels (``load_labels``).
         imgsz: long side of the images fed to the model.
@@ -135,6 +163,7 @@ class YoloDataset(Dataset):
         self.im_files = list(label_set.im_files)
         self.label_files = list(label_set.label_files)
         self.labels = [np.asarray(lb, dtype=np.float32).reshape(-1, 5).copy() for lb in label_set.labels]
+        self.segments = list(label_set.segments) if label_set.segments else [[] for _ in self.im_files]
         if single_cls:
             for lb in self.labels:
                 lb[:, 0] = 0
@@ -144,10 +173,75 @@ class YoloDataset(Dataset):
             self.im_files = [self.im_files[i] for i in order]
             self.label_files = [self.label_files[i] for i in order]
             self.labels = [self.labels[i] for i in order]
+            self.segments = [self.segments[i] for i in order]
             self.shapes = self.shapes[order]
         n = len(self.im_files)
+        self.mosaic_border = [-self.imgsz // 2, -self.imgsz // 2]  # YOLOv5's (y, x): the mosaic's centre range
+        self.indices_version = 0  # bumped by every assignment to ``indices``: the loader restarts its workers
+        self.indices = np.arange(n)
         self.set_batches([range(i, min(i + batch_size, n)) for i in range(0, n, batch_size)])
         self.cache = self._build_cache(normalize_cache(cache), local_rank)
+
+    @property
+    def n(self) -> int:
+        """Number of images (YOLOv5's ``dataset.n``)."""
+        return len(self.im_files)
+
+    @property
+    def img_size(self) -> int:
+        """YOLOv5's name for :attr:`imgsz`."""
+        return self.imgsz
+
+    @property
+    def batch(self) -> np.ndarray:
+        """The rectangular batch of each image (YOLOv5's ``dataset.batch``); see :meth:`set_batches`."""
+        return self.batch_index
+
+    @property
+    def indices(self) -> np.ndarray:
+        """Which image each position stands for: ``dataset[i]`` is image ``indices[i]`` (YOLOv5's habit).
+
+        ``np.arange(n)`` until assigned. YOLOv5's ``--image-weights`` assigns a weighted draw
+        each epoch, ``dataset.indices = random.choices(range(dataset.n), weights=iw, k=dataset.n)``,
+        and the mosaic's three other tiles are drawn from it too. Assign a new sequence (the
+        array is read-only): the loader sees the assignment at its next epoch and restarts its
+        workers, so the epoch draws from the new indices.
+        """
+        return self._indices
+
+    @indices.setter
+    def indices(self, value: Sequence[int] | np.ndarray) -> None:
+        indices = np.array(value, dtype=np.int64).reshape(-1)
+        n = len(self.im_files)
+        if len(indices) != n or (n and (indices.min() < 0 or indices.max() >= n)):
+            raise ValueError(f"{self.prefix}dataset.indices: need {n} image indices in [0, {n}), got {len(indices)}")
+        indices.flags.writeable = False
+        self._indices = indices
+        self.indices_version += 1
+
+    def check_classes(self, nc: int, data_name: str | Path = "the data yaml") -> None:
+        """Raise :class:`DataConfigError` naming the first label file with a class outside ``[0, nc)``.
+
+        Args:
+            nc: the number of classes the data yaml declares.
+            data_name: the data yaml (its path), named in the message.
+
+        Examples:
+            >>> ds = YoloDataset.__new__(YoloDataset)
+            >>> ds.labels, ds.label_files = [np.array([[3, .5, .5, .1, .1]], np.float32)], ["a.txt"]
+            >>> ds.check_classes(2, "data.yaml")
+            Traceback (most recent call last):
+            ...
+            ddp_utils.data.config.DataConfigError: a.txt: class 3 is not below nc=2 of data.yaml; ...
+        """
+        for labels, label_file in zip(self.labels, self.label_files):
+            classes = labels[:, 0]
+            if len(classes) and (classes.max() >= nc or classes.min() < 0):
+                bad = int(classes.max() if classes.max() >= nc else classes.min())
+                raise DataConfigError(
+                    f"{label_file}: class {bad} is not below nc={nc} of {data_name}; "
+                    f"classes run 0..{nc - 1}: fix the label or the yaml's names"
+                )
 
     def __len__(self) -> int:
         return len(self.im_files)
@@ -200,7 +294,8 @@ class YoloDataset(Dataset):
 
     def load_mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """A 4-image mosaic around ``index`` with three random others, labels in pixel xyxy."""
-        indices = rng.permutation([index, *rng.integers(0, len(self), 3)])
+        others = self._indices[rng.integers(0, len(self), 3)]  # YOLOv5 draws them from ``indices`` too
+        indices = rng.permutation([index, *others])
         images, labels, sizes = [], [], []
         for i in map(int, indices):
             if self.cache is None:  # decoded only if its tile shows; mosaic4 folds the resize into its warp
@@ -212,7 +307,8 @@ class YoloDataset(Dataset):
             images.append(img)
             sizes.append((h, w))
             labels.append(self._pixel_labels(i, w, h))
-        return mosaic4(images, labels, self.imgsz, rng, self.hyp, sizes)
+        default = self.mosaic_border == [-self.imgsz // 2, -self.imgsz // 2] and self.imgsz % 2 == 0
+        return mosaic4(images, labels, self.imgsz, rng, self.hyp, sizes, None if default else self.mosaic_border)
 
     def _letterboxed(self, index: int, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Shapes]:
         img, (h0, w0), (h, w) = self.load_image(index)
@@ -242,7 +338,7 @@ class YoloDataset(Dataset):
             key = SampleKey(*item)
         else:
             key = SampleKey(self.epoch, int(item), int(item))
-        index = key.index
+        index = int(self._indices[key.index])  # the position's image (YOLOv5's ``indices``)
         rng = np.random.default_rng(derive_seed(self.seed, key.epoch, key.slot, index))
         hyp = self.hyp
         if self.mosaic and rng.random() < hyp_value(hyp, "mosaic"):

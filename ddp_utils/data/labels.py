@@ -432,20 +432,31 @@ def _write_cache(cache_path: Path, result: dict) -> bool:
 _PROBE = 64  # files verified first in the calling thread, to see whether the scan waits on I/O
 
 
+def _runqueue_seconds() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux's schedstat; 0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _verified(pairs: list[tuple[str, str]], workers: int) -> Iterator[tuple]:
     """:func:`_verify` over ``pairs``, in order: in this thread, or ``workers`` threads when it pays.
 
     Verifying a local, cached file is Python work, which threads only slow down (they
     contend for the GIL: 8 threads took 2-3x one thread's time here). Waiting for a
     network file system or a cold disk is what threads overlap. The first files tell
-    which it is: threads when most of their time went to waiting, not to the CPU.
+    which it is: threads when most of their time went to waiting for files (not to the CPU,
+    nor to waiting for a CPU that other processes keep busy).
     """
-    wall, cpu = time.perf_counter(), time.thread_time()
+    wall, cpu, queued = time.perf_counter(), time.thread_time(), _runqueue_seconds()
     for pair in pairs[:_PROBE]:
         yield _verify(pair)
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    waited = wall - (_runqueue_seconds() - queued)  # time waiting for a busy CPU is not time waiting for files
     rest = pairs[_PROBE:]
-    if workers > 1 and rest and wall > 2 * cpu:
+    if workers > 1 and rest and waited > 2 * cpu:
         with ThreadPool(min(workers, len(rest))) as pool:
             yield from pool.imap(_verify, rest, chunksize=16)
     else:

@@ -2,8 +2,8 @@
 
 Three small pieces:
 
-- :class:`EpochSampler` decides an epoch: which images, in which order, in which batches,
-  for this rank. Its output is a pure function of (seed, epoch, rank, world size).
+- a sampler (``samplers.py``) decides an epoch: which images, in which order, in which
+  batches, for this rank. Its output is a pure function of (seed, epoch, global rank, world size).
 - :class:`EpochLoader` keeps ONE DataLoader iterator over an endless stream of epochs,
   so workers are started once, not every epoch, and prefetch across epoch boundaries.
 - The samples carry their epoch (:class:`~ddp_utils.data.dataset.SampleKey`), so a batch
@@ -16,126 +16,37 @@ Three small pieces:
 from __future__ import annotations
 
 import atexit
-import ctypes
 import itertools
-import math
-import os
-import signal
-import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from ..dist import dist_info, get_rank, get_world_size, is_dist_initialized, torch_distributed_zero_first
 from ..log import LOGGER
-from ..seed import derive_seed, loader_generator, seed_worker
+from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset
 from .images import disk_free
 from .labels import find_images, label_cache_path, load_labels
+from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
 from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack
+from .workers import _init_worker, default_workers, init_worker, usable_cores
 
-
-class EpochSampler:
-    """This rank's batches of one epoch, as :class:`SampleKey` lists.
-
-    Training (``pad=True``): the epoch's order (a permutation seeded by (seed, epoch) when
-    shuffling, else 0..N-1, or N weighted draws with ``weights``) is padded with its first
-    images to a multiple of the world size and cut into equal, contiguous, disjoint shards,
-    so every rank runs the same number of batches. Evaluation (``pad=False``): contiguous
-    shards, unpadded, so each image is seen exactly once over all ranks.
-
-    Args:
-        n: images in the dataset.
-        batch_size: per-rank batch size.
-        rank: global rank (-1 or 0 for a single process).
-        world_size: processes in the job.
-        shuffle: a new permutation every epoch.
-        seed: seeds the permutations and weighted draws.
-        pad: pad shards to equal length (training) or not (evaluation).
-
-    Examples:
-        >>> s = EpochSampler(10, batch_size=4, rank=1, world_size=2)
-        >>> [[k.index for k in b] for b in s.epoch_batches(0)]
-        [[5, 6, 7, 8], [9]]
-    """
-
-    def __init__(
-        self,
-        n: int,
-        batch_size: int,
-        rank: int = -1,
-        world_size: int = 1,
-        shuffle: bool = False,
-        seed: int = 0,
-        pad: bool = True,
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: must be at least 1")
-        self.n, self.batch_size = n, batch_size
-        self.rank, self.world_size = max(rank, 0), max(world_size, 1)
-        self.shuffle, self.seed, self.pad = shuffle, seed, pad
-        self.epoch = 0
-        self.weights: np.ndarray | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next pass over the loader gives."""
-        self.epoch = int(epoch)
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The epoch's global order of image indices (before sharding)."""
-        if self.weights is not None:
-            rng = np.random.default_rng(derive_seed(self.seed, epoch, 1))
-            return rng.choice(self.n, size=self.n, replace=True, p=self.weights / self.weights.sum())
-        if self.shuffle:
-            return np.random.default_rng(derive_seed(self.seed, epoch)).permutation(self.n)
-        return np.arange(self.n)
-
-    def _shard_bounds(self) -> list[tuple[int, int]]:
-        if self.pad:
-            per = math.ceil(self.n / self.world_size)
-            return [(r * per, (r + 1) * per) for r in range(self.world_size)]
-        sizes = [len(a) for a in np.array_split(np.arange(self.n), self.world_size)]
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        return [(int(starts[r]), int(starts[r + 1])) for r in range(self.world_size)]
-
-    def _batch_slots(self) -> list[list[range]]:
-        # per rank, its batches as ranges of slots (positions in the padded global order)
-        return [
-            [range(s, min(s + self.batch_size, end)) for s in range(start, end, self.batch_size)]
-            for start, end in self._shard_bounds()
-        ]
-
-    def rect_batches(self) -> list[list[int]]:
-        """Every rank's batches of image indices without shuffling, in global batch order."""
-        return [[s % self.n for s in b] for rank_batches in self._batch_slots() for b in rank_batches]
-
-    def epoch_batches(self, epoch: int) -> list[list[SampleKey]]:
-        """This rank's batches of one epoch."""
-        order = self.order(epoch)
-        slots = self._batch_slots()
-        first = sum(len(b) for b in slots[: self.rank])  # global batch id of this rank's first batch
-        return [
-            [SampleKey(epoch, s, int(order[s % self.n]), first + j) for s in b] for j, b in enumerate(slots[self.rank])
-        ]
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        return len(self._batch_slots()[self.rank])
+Sampler = TrainSampler | WeightedTrainSampler | EvalSampler
 
 
 class _EpochStream:
-    """``batch_sampler`` for the DataLoader: epochs ``start, start + 1, ...`` back to back, forever."""
+    """``batch_sampler`` for the DataLoader: epochs ``start, start + 1, ...`` back to back, forever.
 
-    def __init__(self, sampler: EpochSampler) -> None:
-        self.sampler = sampler
-        self.start = 0
-        self.pool: BatchPool | None = None  # when set, each batch is asked for with a free slot of it
+    With a ``pool``, each batch is asked for together with a free slot of it.
+    """
+
+    def __init__(self, sampler: Sampler, start: int, pool: BatchPool | None) -> None:
+        self.sampler, self.start, self.pool = sampler, start, pool
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
         for epoch in itertools.count(self.start):
@@ -144,61 +55,6 @@ class _EpochStream:
 
     def __len__(self) -> int:
         return len(self.sampler)
-
-
-def _init_worker(worker_id: int) -> None:
-    _outlive_group_sigterm()
-    _keep_freed_memory()
-    cv2.setNumThreads(0)  # the workers are the parallelism; OpenCV threads inside each would oversubscribe
-    seed_worker(worker_id)
-
-
-def _keep_freed_memory() -> None:
-    """Let glibc's malloc keep freed memory for reuse in this process, instead of returning it.
-
-    A worker frees a batch's worth of images every batch and allocates as many again for
-    the next. By default glibc hands large blocks back to the kernel (munmap, heap trim),
-    and every new one then costs a page fault per 4 KiB page: about a third of a worker's
-    CPU time in a VM. Keeping blocks up to 32 MiB on the heap, and trimming only past
-    256 MiB free, makes the pages stay mapped. No-op on other C libraries.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
-    mallopt(m_mmap_threshold, 32 * 2**20)  # the largest it accepts on 64-bit
-    mallopt(m_trim_threshold, 256 * 2**20)
-
-
-def _outlive_group_sigterm() -> None:
-    """Let a data-loader worker ignore a SIGTERM sent to its whole process group, but not its parent's.
-
-    Preemption (torchrun's agent, a scheduler) sends SIGTERM to the process group; the
-    training process catches it to finish its step and save, so its workers must not die
-    under it mid-batch. A SIGTERM from the training process itself (multiprocessing ending
-    its workers at exit) must still end the worker, or that exit would wait forever. The
-    sender's pid tells them apart: SIGTERM is blocked and a thread takes it with
-    ``sigwaitinfo``. Where that is not available (macOS, Windows) SIGTERM keeps its default.
-    """
-    if not hasattr(signal, "sigwaitinfo") or threading.current_thread() is not threading.main_thread():
-        return
-    parent = os.getppid()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-    def take_sigterm() -> None:
-        while True:
-            info = signal.sigwaitinfo({signal.SIGTERM})
-            if info.si_pid == parent or os.getppid() != parent:
-                # die of the signal itself, as an unprotected worker would: the loader reads a
-                # SIGTERM death as a worker it stopped, an exit code as a crash
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-                signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
-                os._exit(128 + signal.SIGTERM)
-
-    threading.Thread(target=take_sigterm, name="ddp_utils-sigterm", daemon=True).start()
 
 
 _RUNNING: weakref.WeakSet[EpochLoader] = weakref.WeakSet()  # loaders whose workers may be alive
@@ -218,36 +74,54 @@ class EpochLoader:
     ``len(loader)`` is the number of batches of one epoch on this rank; iterating yields
     them, and the epoch then advances by itself (call ``set_epoch`` anyway: it is free
     when the epoch is the expected one, and makes a resume or a skip correct).
+
+    With workers, batches come back through a shared-memory :class:`BatchPool` made by
+    ``pool_factory`` (default: sized for the dataset's largest batch; it may give None,
+    then batches travel torch's usual way). Each start of the workers builds a fresh
+    DataLoader around the pool, its batch stream and its collate function, all three
+    handed the pool when they are made.
+
+    Args:
+        dataset: the dataset.
+        sampler: decides each epoch's batches for this rank (``samplers.py``).
+        collate_fn: the dataset's collate function.
+        num_workers: worker processes (0: load in this process).
+        pin_memory: copy batches into pinned memory.
+        seed: seeds torch's generator of the loader (and through it the workers).
+        global_rank: this process's rank in the job (-1 single process).
+        pool_factory: ``(dataset, batch_size, num_workers, prefetch) -> BatchPool | None``.
     """
+
+    prefetch_factor = 2  # batches in flight per worker (the DataLoader's default)
 
     def __init__(
         self,
         dataset: YoloDataset,
-        sampler: EpochSampler,
+        sampler: Sampler,
         collate_fn,
         num_workers: int = 0,
         pin_memory: bool = False,
         seed: int = 0,
-        rank: int = -1,
+        global_rank: int = -1,
+        pool_factory=None,
     ) -> None:
-        self.dataset, self.sampler = dataset, sampler
+        self.dataset, self.sampler, self.collate_fn = dataset, sampler, collate_fn
+        self._plain_sampler = sampler  # what set_image_weights(None) goes back to
         self.batch_size = sampler.batch_size
         self.num_workers, self.pin_memory = num_workers, pin_memory
-        self._stream = _EpochStream(sampler)
+        self.seed, self.global_rank = seed, global_rank
+        self._pool_factory = pool_factory or _batch_pool
         self._pool: BatchPool | None = None
-        self._collate = PooledCollate(collate_fn, None) if num_workers > 0 else None
-        self._loader = DataLoader(
-            PooledDataset(dataset) if num_workers > 0 else dataset,
-            batch_sampler=self._stream,
-            num_workers=num_workers,
-            collate_fn=self._collate or collate_fn,
-            pin_memory=pin_memory,
-            worker_init_fn=_init_worker,
-            generator=loader_generator(seed, rank),
-        )
+        self._loader: DataLoader | None = None
         self._iterator: Iterator | None = None
         self._position: tuple[int, int] | None = None  # (epoch, batches taken) of the running stream
         self._stale = False
+        self._indices_version = getattr(dataset, "indices_version", 0)
+
+    @property
+    def rank(self) -> int:
+        """The global rank (the name it had)."""
+        return self.global_rank
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -261,34 +135,58 @@ class EpochLoader:
         return self.sampler.epoch
 
     def set_image_weights(self, weights: Sequence[float] | np.ndarray | None) -> None:
-        """Draw the next epochs' images with these per-image weights (None: back to the plain order)."""
-        if weights is not None:
-            weights = np.asarray(weights, dtype=np.float64)
-            if weights.shape != (self.sampler.n,) or not np.isfinite(weights).all() or weights.sum() <= 0:
-                raise ValueError(f"image weights: need {self.sampler.n} finite non-negative values with a positive sum")
-        self.sampler.weights = weights
+        """Draw the next epochs' images with these per-image weights (None: back to the plain order).
+
+        Switches between a :class:`TrainSampler` and a :class:`WeightedTrainSampler` with the
+        same shards, batch size, seed and epoch.
+        """
+        plain, epoch = self._plain_sampler, self.sampler.epoch
+        if isinstance(plain, EvalSampler):
+            raise ValueError("image weights: an evaluation loader sees every image exactly once")
+        if weights is None:
+            self.sampler = plain
+        else:
+            self.sampler = WeightedTrainSampler(
+                plain.n, plain.batch_size, weights, plain.global_rank, plain.world_size, plain.seed
+            )
+        self.sampler.set_epoch(epoch)
         self._stale = True  # the workers may hold batches drawn with the old weights
 
     def _restart(self, epoch: int) -> None:
         self._iterator = None  # shuts the old workers down
-        if self._collate is not None:
+        if self.num_workers > 0:
             if self._pool is None:
-                self._pool = _batch_pool(self.dataset, self.batch_size, self.num_workers, self._loader.prefetch_factor)
+                self._pool = self._pool_factory(self.dataset, self.batch_size, self.num_workers, self.prefetch_factor)
             else:
                 self._pool.release_all()  # no worker is left to write into a slot
-            self._collate.pool = self._stream.pool = self._pool  # the new workers inherit it
-        self._stream.start = epoch
+        self._loader = self._make_loader(epoch)
         self._iterator = iter(self._loader)
         _RUNNING.add(self)
         self._position = (epoch, 0)
         self._stale = False
+        self._indices_version = getattr(self.dataset, "indices_version", 0)
+
+    def _make_loader(self, epoch: int) -> DataLoader:
+        # a new DataLoader per start of the workers, each part made with the pool it uses
+        pooled = self.num_workers > 0
+        return DataLoader(
+            PooledDataset(self.dataset) if pooled else self.dataset,
+            batch_sampler=_EpochStream(self.sampler, epoch, self._pool),
+            num_workers=self.num_workers,
+            collate_fn=PooledCollate(self.collate_fn, self._pool) if pooled else self.collate_fn,
+            pin_memory=self.pin_memory,
+            worker_init_fn=init_worker,
+            generator=loader_generator(self.seed, self.global_rank),
+            prefetch_factor=self.prefetch_factor if pooled else None,
+        )
 
     def __iter__(self) -> Iterator[tuple]:
         epoch, total = self.sampler.epoch, len(self)
         if total == 0:
             self.sampler.epoch = epoch + 1
             return
-        if self._iterator is None or self._stale or self._position != (epoch, 0):
+        changed = getattr(self.dataset, "indices_version", 0) != self._indices_version  # dataset.indices assigned
+        if self._iterator is None or self._stale or changed or self._position != (epoch, 0):
             self._restart(epoch)
         for k in range(total):
             try:
@@ -321,9 +219,9 @@ class EpochLoader:
     def close(self) -> None:
         """Stop the workers now (they also stop when the loader is garbage collected)."""
         self._iterator = None
+        self._loader = None
         self._position = None
-        if self._collate is not None:  # and free the shared memory; a next epoch makes it again
-            self._pool = self._collate.pool = self._stream.pool = None
+        self._pool = None  # and free the shared memory; a next epoch makes it again
 
 
 def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetch: int) -> BatchPool | None:
@@ -349,9 +247,13 @@ def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetc
         return None
 
 
-def _workers(workers: int, batch_size: int) -> int:
-    local = max(dist_info().local_world_size, 1)
-    return max(min((os.cpu_count() or 1) // local, batch_size if batch_size > 1 else 0, workers), 0)
+def _workers(workers: int | None, batch_size: int, prefix: str = "") -> int:
+    """The workers of each process (:func:`~ddp_utils.data.workers.default_workers`), said in the log."""
+    local, cores = max(dist_info().local_world_size, 1), usable_cores()
+    n = default_workers(local, workers, batch_size, cores)
+    cap = "no cap" if workers is None else f"cap workers={workers}"
+    LOGGER.info(f"{prefix}{n} dataloader workers per process ({cores} cores, {local} local process(es), {cap})")
+    return n
 
 
 def _group() -> tuple[int, int]:
@@ -360,13 +262,13 @@ def _group() -> tuple[int, int]:
     return -1, 1
 
 
-def _build_dataset(path, rank: int, prefix: str, **kwargs) -> YoloDataset:
+def _build_dataset(path, local_rank: int, prefix: str, **kwargs) -> YoloDataset:
     # Inside zero_first: the node's first process scans the labels and writes the label
     # cache (and the RAM image cache); the others then read what it wrote.
-    with torch_distributed_zero_first(rank):
+    with torch_distributed_zero_first(local_rank):
         im_files = find_images(path, prefix)
         label_set = load_labels(im_files, label_cache_path(im_files), prefix=prefix)
-        dataset = YoloDataset(label_set, prefix=prefix, local_rank=rank, **kwargs)
+        dataset = YoloDataset(label_set, prefix=prefix, local_rank=local_rank, **kwargs)
     dataset.label_cache_written = label_set.cache_written
     dataset.label_cache_loaded = label_set.cache_loaded
     return dataset
@@ -384,7 +286,7 @@ def create_dataloader(
     pad: float = 0.0,
     rect: bool = False,
     rank: int = -1,
-    workers: int = 8,
+    workers: int | None = 8,
     image_weights: bool = False,
     quad: bool = False,
     prefix: str = "",
@@ -405,7 +307,8 @@ def create_dataloader(
         pad: extra rectangular padding, in strides.
         rect: rectangular batches (turns shuffle off).
         rank: LOCAL_RANK of this process, -1 for a single process.
-        workers: most DataLoader workers per process.
+        workers: most DataLoader workers per process (YOLOv5's ``min(cores // local processes,
+            workers)``); None: every core of this process's share but one (for the training loop).
         image_weights: draw images by weight (``loader.set_image_weights``); single process only.
         quad: 4 images into one of twice the size (:meth:`YoloDataset.collate_fn4`).
         prefix: log prefix.
@@ -440,19 +343,24 @@ def create_dataloader(
         seed=seed,
     )
     collate = YoloDataset.collate_fn4 if quad else YoloDataset.collate_fn
-    return _loader(dataset, batch_size, rank, workers, collate, rect, shuffle=shuffle, seed=seed, pad=True), dataset
+    loader = _loader(dataset, batch_size, rank, workers, collate, rect, shuffle=shuffle, seed=seed, evaluate=False,
+                     prefix=prefix)  # fmt: skip
+    return loader, dataset
 
 
-def _loader(dataset: YoloDataset, batch_size: int, rank: int, workers: int, collate, rect: bool, *, shuffle: bool,
-            seed: int, pad: bool) -> EpochLoader:  # fmt: skip
+def _loader(dataset: YoloDataset, batch_size: int, local_rank: int, workers: int | None, collate, rect: bool, *,
+            shuffle: bool, seed: int, evaluate: bool, prefix: str) -> EpochLoader:  # fmt: skip
     """Shard ``dataset`` over the process group (padded shards for training, exact ones for evaluation)."""
-    global_rank, world_size = _group() if rank != -1 else (-1, 1)
-    sampler = EpochSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed, pad=pad)
+    global_rank, world_size = _group() if local_rank != -1 else (-1, 1)
+    if evaluate:
+        sampler = EvalSampler(len(dataset), batch_size, global_rank, world_size)
+    else:
+        sampler = TrainSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed)
     if rect:
         dataset.set_batches(sampler.rect_batches())
     return EpochLoader(
-        dataset, sampler, collate, _workers(workers, batch_size), pin_memory=torch.cuda.is_available(), seed=seed,
-        rank=global_rank,
+        dataset, sampler, collate, _workers(workers, batch_size, prefix), pin_memory=torch.cuda.is_available(),
+        seed=seed, global_rank=global_rank,
     )  # fmt: skip
 
 
@@ -467,7 +375,7 @@ def create_val_dataloader(
     pad: float = 0.5,
     rect: bool = True,
     rank: int = -1,
-    workers: int = 8,
+    workers: int | None = 8,
     prefix: str = "val: ",
 ) -> tuple[EpochLoader, YoloDataset]:
     """The evaluation loader: contiguous, unpadded shards, so every image is evaluated exactly once.
@@ -489,5 +397,19 @@ def create_val_dataloader(
         stride=int(stride),
         pad=pad,
     )
-    loader = _loader(dataset, batch_size, rank, workers, YoloDataset.collate_fn, rect, shuffle=False, seed=0, pad=False)
+    loader = _loader(dataset, batch_size, rank, workers, YoloDataset.collate_fn, rect, shuffle=False, seed=0,
+                     evaluate=True, prefix=prefix)  # fmt: skip
     return loader, dataset
+
+
+__all__ = [  # the samplers and the worker start-up moved out; their old names still import from here
+    "EpochLoader",
+    "EpochSampler",
+    "EvalSampler",
+    "TrainSampler",
+    "WeightedTrainSampler",
+    "_init_worker",
+    "create_dataloader",
+    "create_val_dataloader",
+    "init_worker",
+]

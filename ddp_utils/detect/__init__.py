@@ -2,8 +2,9 @@
 
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
 from .evaluate import evaluate
+from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
 from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_bce
-from .metrics import ImageRecord, coco_metrics, fitness
+from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
 from .ops import (
     clip_boxes,
@@ -30,15 +31,20 @@ __all__ = [
     "SPPF",
     "Bottleneck",
     "ComputeLoss",
+    "ClassMetrics",
     "Concat",
     "Conv",
     "Detect",
+    "DetectionMetrics",
     "FocalLoss",
     "Focus",
+    "ForeignCheckpointError",
     "ImageRecord",
     "Model",
     "ModelConfigError",
+    "UltralyticsCheckpointError",
     "autopad",
+    "class_table",
     "clip_boxes",
     "coco_metrics",
     "evaluate",
@@ -48,10 +54,12 @@ __all__ = [
     "make_divisible",
     "non_max_suppression",
     "parse_model",
+    "read_yolov5_checkpoint",
     "scale_boxes",
     "smooth_bce",
     "xywh2xyxy",
     "xywhn2xyxy",
     "xyxy2xywh",
     "xyxy2xywhn",
+    "yolov5_model",
 ]

@@ -39,6 +39,10 @@ class Conv(nn.Module):
         torch.Size([1, 16, 16, 16])
     """
 
+    # one SiLU object shared by every Conv, as YOLOv5 v7.0 has it: it holds no state, and YOLOv5's
+    # layer count (len(list(model.modules()))) sees it once
+    default_act = nn.SiLU(inplace=True)
+
     def __init__(
         self,
         c1: int,
@@ -54,7 +58,7 @@ class Conv(nn.Module):
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
         self.bn: nn.Module = nn.BatchNorm2d(c2, eps=BN_EPS, momentum=BN_MOMENTUM)
         if act is True:
-            self.act: nn.Module = nn.SiLU(inplace=True)
+            self.act: nn.Module = self.default_act
         elif isinstance(act, nn.Module):
             self.act = act
         else:
@@ -68,10 +72,10 @@ class Conv(nn.Module):
         return isinstance(self.bn, nn.Identity)
 
     def fuse(self) -> None:
-        """Fold the batch norm into the convolution (inference only: uses the running statistics)."""
+        """Fold the batch norm into the convolution (inference only: the fused weights are frozen, as YOLOv5's)."""
         if self.fused:
             return
-        self.conv = fuse_conv_bn_eval(self.conv.eval(), self.bn.eval())
+        self.conv = fuse_conv_bn_eval(self.conv.eval(), self.bn.eval()).requires_grad_(False)
         self.bn = nn.Identity()
 
 

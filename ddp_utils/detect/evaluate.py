@@ -19,7 +19,7 @@ from torch import nn
 
 from ..dist import broadcast_object, get_rank, get_world_size, is_dist_initialized, reduce_tensor
 from ..log import LOGGER
-from .metrics import ImageRecord, coco_metrics, empty_metrics
+from .metrics import DetectionMetrics, ImageRecord, coco_metrics
 from .ops import non_max_suppression, scale_boxes, xywh2xyxy
 
 
@@ -93,7 +93,7 @@ def evaluate(
     device: torch.device | str | None = None,
     half: bool = False,
     verbose: bool = True,
-) -> tuple[dict[str, float], torch.Tensor]:
+) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
     Args:
@@ -112,8 +112,10 @@ def evaluate(
         verbose: log the "val: ..." summary line on rank 0 (train.py logs one line per epoch of its own).
 
     Returns:
-        ``(metrics, val_loss)``: metrics ``{"precision", "recall", "map50", "map"}`` from
-        :func:`~ddp_utils.detect.metrics.coco_metrics` over all ranks' images; ``val_loss``
+        ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.detect.metrics.DetectionMetrics`
+        (a dict ``{"precision", "recall", "map50", "map"}``, with the per-class rows as ``.classes``;
+        print them with :func:`~ddp_utils.detect.metrics.class_table`), from
+        :func:`~ddp_utils.detect.metrics.coco_metrics` over all ranks' images, the same on every rank; ``val_loss``
         tensor[3] (box, obj, cls), the mean over all batches of all ranks (zeros without
         ``compute_loss``).
     """
@@ -162,9 +164,8 @@ def evaluate(
         try:
             unique = _unique(everything)
             metrics = coco_metrics(unique, max_dets=max_det)
-            n_labels = sum(len(r.labels) for r in unique)
             (LOGGER.info if verbose else LOGGER.debug)(
-                f"val: {len(unique)} images, {n_labels} labels: P {metrics['precision']:.3f} "
+                f"val: {metrics.images} images, {metrics.instances} labels: P {metrics['precision']:.3f} "
                 f"R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} mAP50-95 {metrics['map']:.3f}"
             )
         except Exception as exc:  # every rank must still reach the broadcast, or the others hang
@@ -173,4 +174,4 @@ def evaluate(
     metrics = broadcast_object(metrics, src=0)
     if "error" in metrics:
         raise RuntimeError(f"COCO evaluation failed on rank 0: {metrics['error']}")
-    return {k: float(metrics.get(k, 0.0)) for k in empty_metrics()}, val_loss
+    return metrics, val_loss

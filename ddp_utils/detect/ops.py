@@ -1,4 +1,4 @@
-"""Box conversions, letterbox undoing and non-maximum suppression.
+"""Letterbox undoing and non-maximum suppression; the box conversions, re-exported from :mod:`ddp_utils.boxes`.
 
 The conversions accept torch tensors and numpy arrays alike and return a new object of
 the same kind; :func:`clip_boxes` and :func:`scale_boxes` work in place, as YOLOv5's do,
@@ -7,98 +7,12 @@ and also return the boxes.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
-import numpy as np
 import torch
 import torchvision
 
-Boxes = Union[torch.Tensor, np.ndarray]
-
-
-def _copy(x: Boxes) -> Boxes:
-    return x.clone() if isinstance(x, torch.Tensor) else np.copy(x)
-
-
-def xywh2xyxy(x: Boxes) -> Boxes:
-    """Centre, width, height to corners.
-
-    Examples:
-        >>> xywh2xyxy(torch.tensor([[10.0, 10.0, 4.0, 6.0]]))
-        tensor([[ 8.,  7., 12., 13.]])
-    """
-    y = _copy(x)
-    y[..., 0] = x[..., 0] - x[..., 2] / 2
-    y[..., 1] = x[..., 1] - x[..., 3] / 2
-    y[..., 2] = x[..., 0] + x[..., 2] / 2
-    y[..., 3] = x[..., 1] + x[..., 3] / 2
-    return y
-
-
-def xyxy2xywh(x: Boxes) -> Boxes:
-    """Corners to centre, width, height.
-
-    Examples:
-        >>> xyxy2xywh(np.array([[8.0, 7.0, 12.0, 13.0]]))
-        array([[10., 10.,  4.,  6.]])
-    """
-    y = _copy(x)
-    y[..., 0] = (x[..., 0] + x[..., 2]) / 2
-    y[..., 1] = (x[..., 1] + x[..., 3]) / 2
-    y[..., 2] = x[..., 2] - x[..., 0]
-    y[..., 3] = x[..., 3] - x[..., 1]
-    return y
-
-
-def xywhn2xyxy(x: Boxes, w: int = 640, h: int = 640, padw: float = 0, padh: float = 0) -> Boxes:
-    """Normalised centre, width, height to pixel corners in a (padded) w x h image.
-
-    Examples:
-        >>> xywhn2xyxy(torch.tensor([[0.5, 0.5, 0.25, 0.5]]), w=100, h=200)
-        tensor([[ 37.5000,  50.0000,  62.5000, 150.0000]])
-    """
-    y = _copy(x)
-    y[..., 0] = w * (x[..., 0] - x[..., 2] / 2) + padw
-    y[..., 1] = h * (x[..., 1] - x[..., 3] / 2) + padh
-    y[..., 2] = w * (x[..., 0] + x[..., 2] / 2) + padw
-    y[..., 3] = h * (x[..., 1] + x[..., 3] / 2) + padh
-    return y
-
-
-def xyxy2xywhn(x: Boxes, w: int = 640, h: int = 640, clip: bool = False, eps: float = 0.0) -> Boxes:
-    """Pixel corners to normalised centre, width, height; ``clip`` first clips to the image less ``eps``.
-
-    Examples:
-        >>> xyxy2xywhn(torch.tensor([[37.5, 50.0, 62.5, 150.0]]), w=100, h=200)
-        tensor([[0.5000, 0.5000, 0.2500, 0.5000]])
-    """
-    if clip:
-        x = clip_boxes(_copy(x), (h - eps, w - eps))
-    y = _copy(x)
-    y[..., 0] = ((x[..., 0] + x[..., 2]) / 2) / w
-    y[..., 1] = ((x[..., 1] + x[..., 3]) / 2) / h
-    y[..., 2] = (x[..., 2] - x[..., 0]) / w
-    y[..., 3] = (x[..., 3] - x[..., 1]) / h
-    return y
-
-
-def clip_boxes(boxes: Boxes, shape: tuple[float, float]) -> Boxes:
-    """Clip xyxy boxes in place to an image of ``shape`` = (height, width).
-
-    Examples:
-        >>> clip_boxes(torch.tensor([[-5.0, 2.0, 120.0, 90.0]]), (80, 100))
-        tensor([[  0.,   2., 100.,  80.]])
-    """
-    height, width = shape[0], shape[1]
-    if isinstance(boxes, torch.Tensor):
-        boxes[..., 0].clamp_(0, width)
-        boxes[..., 1].clamp_(0, height)
-        boxes[..., 2].clamp_(0, width)
-        boxes[..., 3].clamp_(0, height)
-    else:
-        boxes[..., [0, 2]] = boxes[..., [0, 2]].clip(0, width)
-        boxes[..., [1, 3]] = boxes[..., [1, 3]].clip(0, height)
-    return boxes
+from ..boxes import Boxes, clip_boxes, xyn2xy, xywh2xyxy, xywhn2xyxy, xyxy2xywh, xyxy2xywhn
 
 
 def letterbox_params(img1_shape: tuple[int, int], img0_shape: tuple[int, int]) -> tuple[float, tuple[float, float]]:
@@ -209,3 +123,17 @@ def non_max_suppression(
         keep = torchvision.ops.batched_nms(x[:, :4].float(), x[:, 4].float(), groups, iou_thres)
         output[index] = x[keep[:max_det]]
     return output
+
+
+__all__ = [
+    "Boxes",
+    "clip_boxes",
+    "letterbox_params",
+    "non_max_suppression",
+    "scale_boxes",
+    "xyn2xy",
+    "xywh2xyxy",
+    "xywhn2xyxy",
+    "xyxy2xywh",
+    "xyxy2xywhn",
+]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from ..dist import broadcast_object, is_main_process
 from ..log import LOGGER
 
@@ -9,19 +13,24 @@ from ..log import LOGGER
 class EarlyStopping:
     """Decide after each validation whether training should stop.
 
+    Called the YOLOv5 way too: ``stopper = EarlyStopping(patience=30)``, then each epoch
+    ``stop = stopper(epoch=epoch, fitness=fi)`` where ``fi`` may be YOLOv5's one-element array.
+
     Args:
         patience: epochs without improvement after which to stop; 0 or None never stops.
 
     Attributes:
-        best_fitness: the best fitness seen (None before the first call).
+        best_fitness: the best fitness seen (None before the first call; YOLOv5 starts at 0.0).
         best_epoch: the epoch that reached it.
+        possible_stop: True when the next epoch may stop training (it stops then unless the
+            fitness improves), as YOLOv5's train.py reads it to treat that epoch as a final one.
 
     Examples:
         >>> stopper = EarlyStopping(patience=2)
         >>> [stopper(epoch, fit) for epoch, fit in enumerate([0.1, 0.3, 0.2, 0.25, 0.2])]
         [False, False, False, True, True]
-        >>> stopper.best_epoch
-        1
+        >>> stopper.best_epoch, stopper.possible_stop
+        (1, True)
     """
 
     def __init__(self, patience: int | None = 30) -> None:
@@ -30,18 +39,23 @@ class EarlyStopping:
         self.patience = patience or 0
         self.best_fitness: float | None = None
         self.best_epoch = 0
+        self.possible_stop = False
         self._reported = False
 
-    def __call__(self, epoch: int, fitness: float | None) -> bool:
+    def __call__(self, epoch: int, fitness: Any) -> bool:
         """Record ``fitness`` for ``epoch`` and return True when training should stop.
 
         A fitness equal to the best counts as an improvement (a plateau at the best keeps going).
-        None (no validation this epoch) changes nothing.
+        None (no validation this epoch) changes nothing. A one-element array (YOLOv5's
+        ``fitness(np.array(results).reshape(1, -1))``) counts as its value.
         """
-        if fitness is not None and (self.best_fitness is None or fitness >= self.best_fitness):
-            self.best_fitness, self.best_epoch = float(fitness), epoch
+        if fitness is not None:
+            fitness = _as_float(fitness)
+            if self.best_fitness is None or fitness >= self.best_fitness:
+                self.best_fitness, self.best_epoch = fitness, epoch
         if not self.patience:
             return False
+        self.possible_stop = epoch - self.best_epoch >= self.patience - 1
         stop = epoch - self.best_epoch >= self.patience
         if stop and not self._reported:
             self._reported = True
@@ -51,6 +65,13 @@ class EarlyStopping:
                 "Change the patience with --patience (0 never stops)."
             )
         return stop
+
+
+def _as_float(fitness: Any) -> float:
+    values = np.asarray(fitness, dtype=np.float64)
+    if values.size != 1:
+        raise ValueError(f"EarlyStopping: fitness must be one number or a one-element array, got shape {values.shape}")
+    return float(values.reshape(()))
 
 
 def should_stop_everywhere(stop: bool) -> bool:

@@ -188,3 +188,19 @@ def test_exit_with_a_loader_half_way_is_quiet(root):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
     assert "Exception" not in done.stderr and "killed by signal" not in done.stderr, done.stderr
+
+
+def test_default_workers_fill_the_cores_and_are_logged(root, ddp_log):
+    from ddp_utils.data.workers import default_workers, usable_cores
+
+    auto, _ = create_dataloader(root / "images" / "train", 64, 4, 32, workers=None)
+    cores = usable_cores()
+    assert auto.num_workers == min(max(cores - 1, 0), 4)  # one core left to the training loop
+    assert f"{auto.num_workers} dataloader workers per process ({cores} cores, 1 local process(es), no cap)" in (
+        ddp_log.text
+    )
+    capped, _ = create_dataloader(root / "images" / "train", 64, 4, 32, workers=1)
+    assert capped.num_workers == min(1, cores)  # workers stays a cap the user sets
+    # a 16-core host with one GPU: 15 workers by default, the user's 8 as a cap; 4 GPUs: 3 each
+    assert default_workers(1, None, 64, cores=16) == 15 and default_workers(1, 8, 64, cores=16) == 8
+    assert default_workers(4, None, 64, cores=16) == 3 and default_workers(4, 8, 64, cores=16) == 4

@@ -8,6 +8,7 @@ import torch
 
 from ddp_utils.detect import ComputeLoss, evaluate
 from ddp_utils.detect.evaluate import batch_records
+from ddp_utils.detect.metrics import DetectionMetrics, class_table
 from tests.multiproc import describe, launch, records
 from tests.workers.detect_scenarios import (
     IMG,
@@ -40,6 +41,17 @@ def test_shifted_predictions_score_lower():
     noisy_images = make_images(6, jitter=4.0, misses=True)
     noisy = evaluate(PredictionStub(noisy_images), make_batches(noisy_images, 3))[0]
     assert 0 < noisy["map"] < 1 and 0 < noisy["precision"] < 1 and 0 < noisy["recall"] < 1
+
+
+def test_per_class_rows_come_back_with_the_metrics():
+    images = make_images(6, jitter=4.0, misses=True)
+    metrics, _ = evaluate(PredictionStub(images), make_batches(images, 4))
+    assert isinstance(metrics, DetectionMetrics) and set(metrics) == {"precision", "recall", "map50", "map"}
+    assert metrics.images == 6 and metrics.instances == sum(len(labels) for labels, _ in images)
+    assert metrics.classes and sum(row.instances for row in metrics.classes) == metrics.instances
+    assert metrics["map"] == pytest.approx(np.mean([row.map for row in metrics.classes]), abs=1e-9)
+    table = class_table(metrics, {row.cls: f"class{row.cls}" for row in metrics.classes}).splitlines()
+    assert table[1].split()[:3] == ["all", "6", str(metrics.instances)] and len(table) == 2 + len(metrics.classes)
 
 
 def test_records_undo_the_letterbox():

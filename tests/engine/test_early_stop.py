@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from ddp_utils.engine import EarlyStopping, should_stop_everywhere
@@ -54,3 +55,31 @@ def test_negative_patience_is_refused():
 def test_should_stop_everywhere_single_process():
     assert should_stop_everywhere(True) is True
     assert should_stop_everywhere(False) is False
+
+
+def test_possible_stop_says_the_next_epoch_may_stop():
+    stopper = EarlyStopping(patience=3)
+    seen = []
+    for epoch, fit in enumerate([0.5, 0.4, 0.4, 0.4, 0.4]):
+        stop = stopper(epoch, fit)
+        seen.append((stopper.possible_stop, stop))
+    # best at epoch 0: epoch 2 is 2 = patience - 1 epochs without improvement, so epoch 3 may stop, and does
+    assert seen == [(False, False), (False, False), (True, False), (True, True), (True, True)]
+    stopper(5, 0.9)  # an improvement: no stop in sight
+    assert stopper.possible_stop is False
+
+
+@pytest.mark.parametrize("patience", [0, None])
+def test_possible_stop_never_without_patience(patience):
+    stopper = EarlyStopping(patience=patience)
+    for epoch in range(50):
+        assert stopper(epoch, 0.0 if epoch else 1.0) is False and stopper.possible_stop is False
+
+
+def test_yolov5s_keyword_call_with_its_one_element_array():
+    stopper = EarlyStopping(patience=1)
+    assert stopper(epoch=0, fitness=np.array([0.3])) is False
+    assert stopper(epoch=1, fitness=np.array([0.2])) is True
+    assert stopper.best_fitness == 0.3 and isinstance(stopper.best_fitness, float)
+    with pytest.raises(ValueError, match="one number"):
+        stopper(epoch=2, fitness=np.array([0.1, 0.2]))

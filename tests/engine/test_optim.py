@@ -14,6 +14,7 @@ from ddp_utils.engine import (
     cosine_lr,
     linear_lr,
     lr_lambda,
+    one_cycle,
     param_groups,
     scaled_weight_decay,
     smart_optimizer,
@@ -143,3 +144,29 @@ def test_warmup_accumulate_ramps_to_target():
     values = [warmup.accumulate(ni, 4) for ni in range(0, 200, 10)]
     assert values[0] == 1 and values[-1] == 4
     assert all(a <= b for a, b in zip(values, values[1:]))
+
+
+def test_one_cycle_is_yolov5s_half_cosine_from_y1_to_y2():
+    lf = one_cycle(1, 0.01, 100)  # YOLOv5's train.py: one_cycle(1, hyp["lrf"], epochs)
+    for x in (0, 10, 33.5, 50, 99, 100):
+        assert lf(x) == pytest.approx(((1 - math.cos(x * math.pi / 100)) / 2) * (0.01 - 1) + 1)
+        assert lf(x) == pytest.approx(cosine_lr(0.01, 100)(x))
+    assert one_cycle()(0) == 0.0 and one_cycle()(100) == pytest.approx(1.0)  # defaults y1=0, y2=1, steps=100
+    assert one_cycle(y1=0.2, y2=0.8, steps=4)(2) == pytest.approx(0.5)
+    assert one_cycle(lrf=0.1, epochs=10)(10) == pytest.approx(0.1)  # our former keyword form still works
+    with pytest.raises(TypeError, match="needs both"):
+        one_cycle(lrf=0.1)
+
+
+def test_one_cycle_in_a_lambda_lr_saves_and_restores():
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=one_cycle(1, 0.01, 10))
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+    state = scheduler.state_dict()
+    assert state["lr_lambdas"][0] == {"y1": 1.0, "y2": 0.01, "steps": 10}  # a lambda would not be saved
+    fresh = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=0.1), lr_lambda=one_cycle())
+    fresh.load_state_dict(state)
+    assert fresh.lr_lambdas[0](5) == pytest.approx(one_cycle(1, 0.01, 10)(5))

@@ -61,9 +61,9 @@ def shards(root: str, workers: str = "1") -> None:
     du.cleanup()
 
 
-def _pss_kib(pid: int | str = "self") -> int:
+def _rollup_kib(field: str, pid: int | str = "self") -> int:
     with open(f"/proc/{pid}/smaps_rollup") as f:
-        return int(re.search(r"^Pss:\s+(\d+) kB", f.read(), re.M).group(1))
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
 
 
 def _mapping_pss_kib(path: str) -> int:
@@ -79,22 +79,32 @@ def _mapping_pss_kib(path: str) -> int:
 
 
 def ram_cache_pss(root: str, imgsz: str = "640") -> None:
+    """Build the RAM cache through create_dataloader, read every image, report this process's memory.
+
+    ``anon_delta_kib``: growth of private anonymous memory (``Anonymous`` in smaps_rollup),
+    where any private copy of the images would land: a decode buffer malloc keeps, a file
+    read or ``np.load``/``np.fromfile`` into memory, a copy-on-write page, ``torch.from_numpy``
+    of a private array. Unlike Pss it does not move when other processes on the host map or
+    unmap the same libraries. ``mapping_pss_kib``: this process's share of the cache file's
+    pages; over the node's processes they sum to the one copy.
+    """
     torch.set_num_threads(1)
     info = du.init_distributed(backend="gloo")
-    before = _pss_kib()
+    before_anon, before_pss = _rollup_kib("Anonymous"), _rollup_kib("Pss")
     _, dataset = create_dataloader(f"{root}/images/train", int(imgsz), 4, 32, cache="ram", rank=info.local_rank)
     cache = dataset.cache
     checksum = sum(int(cache[i][::7, ::7].sum()) for i in range(len(cache)))
     touched = sum(int(np.asarray(cache[i]).sum(dtype=np.int64) > 0) for i in range(len(cache)))
     du.barrier()  # both processes have every page mapped before either measures
-    after = _pss_kib()
+    anon, pss = _rollup_kib("Anonymous"), _rollup_kib("Pss")
     mapping = _mapping_pss_kib(cache.path)
     du.barrier()
     record = {
         "rank": info.rank,
         "path": cache.path,
         "nbytes": cache.nbytes,
-        "pss_delta_kib": after - before,
+        "anon_delta_kib": anon - before_anon,
+        "pss_delta_kib": pss - before_pss,
         "mapping_pss_kib": mapping,
         "touched": touched,
         "checksum": checksum,
@@ -102,3 +112,17 @@ def ram_cache_pss(root: str, imgsz: str = "640") -> None:
     }
     print(json.dumps(record))
     du.cleanup()
+
+
+def ram_cache_builder(root: str, imgsz: str = "640", threads: str = "16") -> None:
+    """The node's first process alone, decoding with ``threads`` threads (a many-core host's count)."""
+    from ddp_utils.data.images import SharedImageCache, resized_shape
+    from ddp_utils.data.labels import find_images, label_cache_path, load_labels
+
+    files = find_images(f"{root}/images/train")
+    label_set = load_labels(files, label_cache_path(files))
+    shapes = np.array([resized_shape(int(h), int(w), int(imgsz)) for w, h in label_set.shapes])
+    before = _rollup_kib("Anonymous")
+    cache = SharedImageCache.build(label_set.im_files, shapes, int(imgsz), threads=int(threads))
+    after = _rollup_kib("Anonymous")
+    print(json.dumps({"nbytes": cache.nbytes, "anon_delta_kib": after - before, "path": cache.path}))

@@ -26,7 +26,7 @@ def gathered_rows() -> None:
 
 def cli(*argv: str) -> None:
     """Run the profile CLI in this rank and exit with its code."""
-    from ddp_utils.profile import main
+    from ddp_utils.cli.profile import main
 
     torch.set_num_threads(1)
     sys.exit(main(list(argv)))

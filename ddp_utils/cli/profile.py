@@ -1,8 +1,8 @@
 """Profile a model from the command line: parameters, FLOPs, forward/backward time and memory.
 
-    python -m ddp_utils.profile --cfg yolov5s.yaml --imgsz 640 --batch-size 1 --device cpu
-    python -m ddp_utils.profile --torchvision resnet18 --imgsz 224 --device cpu,0
-    torchrun --nproc_per_node 4 -m ddp_utils.profile --cfg yolov5s.yaml --device 0,1,2,3 --repeats 20
+    python -m ddp_utils.cli.profile --cfg yolov5s.yaml --imgsz 640 --batch-size 1 --device cpu
+    python -m ddp_utils.cli.profile --torchvision resnet18 --imgsz 224 --device cpu,0
+    torchrun --nproc_per_node 4 -m ddp_utils.cli.profile --cfg yolov5s.yaml --device 0,1,2,3 --repeats 20
 
 A single process profiles on every device named in ``--device`` (one row each). Under
 torchrun every rank profiles on its own device and rank 0 prints one table with a row per
@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from .device import select_device
-from .dist import DistEnvError, cleanup, dist_info, init_distributed
-from .log import set_logging
-from .profiling import example_input, flops, format_table, gather_rows, model_info, parameter_table, parse_devices
-from .profiling import profile as profile_ops
+from ..device import select_device
+from ..dist import DistEnvError, cleanup, dist_info, init_distributed
+from ..log import set_logging
+from ..profiling import example_input, flops, format_table, gather_rows, model_info, parameter_table, parse_devices
+from ..profiling import profile as profile_ops
 
 
 def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -54,7 +54,7 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def build_model(cfg: str | None = None, torchvision_name: str | None = None) -> nn.Module:
     """The detector built from ``cfg``, or the torchvision model ``torchvision_name`` without weights."""
     if cfg is not None:
-        from .detect.model import Model  # the detector is only needed when asked for
+        from ..detect.model import Model  # the detector is only needed when asked for
 
         return Model(cfg, ch=3, nc=None)
     import torchvision
@@ -86,7 +86,7 @@ def run(opt: argparse.Namespace) -> list[dict]:
     if info.is_main:
         if opt.verbose:
             print(parameter_table(model))
-        print(model_info(model, opt.imgsz)["summary"])
+        print(model_info(model, imgsz=opt.imgsz)["summary"])
         print(flops(model, opt.imgsz, opt.batch_size).text())
     x = example_input(model, opt.imgsz, opt.batch_size)
     rows = gather_rows(profile_ops(x, model, n=opt.n, device=devices))
@@ -97,7 +97,7 @@ def run(opt: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``ddp-profile`` and ``python -m ddp_utils.profile``."""
+    """Entry point of ``ddp-profile`` and ``python -m ddp_utils.cli.profile``."""
     opt = parse_opt(argv)
     set_logging(verbose=False)  # the CLI prints its summary itself; warnings still show
     try:

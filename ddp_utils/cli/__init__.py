@@ -1,0 +1,7 @@
+"""Command-line entry points, on top of the library: each module is a ``python -m`` target.
+
+- ``profile.py``: ``ddp-profile`` / ``python -m ddp_utils.cli.profile``, a model's summary,
+  FLOPs and per-device forward/backward time (functions in :mod:`ddp_utils.profiling`).
+- ``convert.py``: ``python -m ddp_utils.convert yolov5s.pt [out.pt]``, a YOLOv5 checkpoint read
+  without running it (:mod:`ddp_utils.detect.foreign`) and written in ddp_utils' plain-data format.
+"""

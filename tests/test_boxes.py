@@ -1,0 +1,47 @@
+"""ddp_utils.boxes: YOLOv5's box conversions, one home for data/ and detect/."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ddp_utils import boxes
+from ddp_utils.data import augment
+from ddp_utils.detect import ops
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_round_trips_keep_the_kind(kind):
+    rng = np.random.default_rng(0)
+    xywhn = np.concatenate([rng.uniform(0.2, 0.8, (20, 2)), rng.uniform(0.05, 0.3, (20, 2))], 1)
+    x = torch.from_numpy(xywhn) if kind == "torch" else xywhn
+    xyxy = boxes.xywhn2xyxy(x, w=320, h=240, padw=4, padh=2)
+    assert type(xyxy) is type(x) and xyxy is not x
+    back = boxes.xyxy2xywhn(xyxy - torch.tensor([4, 2, 4, 2]) if kind == "torch" else xyxy - [4, 2, 4, 2], 320, 240)
+    np.testing.assert_allclose(np.asarray(back), xywhn, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(boxes.xyxy2xywh(boxes.xywh2xyxy(x))), xywhn, atol=1e-12)
+
+
+def test_xyn2xy_scales_points_and_pads():
+    pts = np.array([[0.0, 0.0], [1.0, 0.5]])
+    assert boxes.xyn2xy(pts, w=10, h=20, padw=1, padh=2).tolist() == [[1.0, 2.0], [11.0, 12.0]]
+
+
+def test_clip_in_xyxy2xywhn_stays_inside_the_image():
+    out = boxes.xyxy2xywhn(np.array([[-10.0, -10.0, 700.0, 700.0]]), 640, 640, clip=True, eps=1e-3)
+    assert (out[:, :2] - out[:, 2:] / 2 >= 0).all() and (out[:, :2] + out[:, 2:] / 2 < 1).all()
+
+
+def test_data_spellings_are_float32_wrappers_with_clipping_by_default():
+    b = np.array([[-5.0, 0.0, 50.0, 25.0]])
+    out = boxes.xyxy_to_xywhn(b, 100, 50)
+    assert out.dtype == np.float32 and out[0, 0] >= 0  # clipped by default, as the data pipeline needs
+    np.testing.assert_allclose(out, boxes.xyxy2xywhn(b.astype(np.float32), 100, 50, clip=True, eps=1e-3))
+    assert boxes.xywhn_to_xyxy(np.array([[0.5, 0.5, 0.2, 0.2]]), 10, 10).dtype == np.float32
+
+
+def test_one_home_old_paths_give_the_same_functions():
+    for name in ("xywh2xyxy", "xyxy2xywh", "xywhn2xyxy", "xyxy2xywhn", "xyn2xy", "clip_boxes"):
+        assert getattr(ops, name) is getattr(boxes, name)
+    assert augment.xywhn_to_xyxy is boxes.xywhn_to_xyxy and augment.xyxy_to_xywhn is boxes.xyxy_to_xywhn

@@ -1,0 +1,180 @@
+"""Names shared with YOLOv5, called the way YOLOv5's train.py and val.py call them.
+
+Each test writes the YOLOv5 call form as YOLOv5's own scripts make it (facts read from
+YOLOv5's code; none of it imported or copied) and checks that ours behaves the same:
+utils/metrics.py ``fitness``, utils/general.py ``one_cycle`` and ``strip_optimizer``,
+utils/torch_utils.py ``EarlyStopping`` and ``smart_optimizer``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.optim import lr_scheduler
+
+from ddp_utils.detect import Model
+from ddp_utils.detect.metrics import fitness
+from ddp_utils.engine import (
+    EarlyStopping,
+    ModelEMA,
+    build_checkpoint,
+    load_checkpoint,
+    one_cycle,
+    save_checkpoint,
+    smart_optimizer,
+    strip_optimizer,
+)
+from ddp_utils.engine.checkpoint import UnsafeCheckpointError
+
+MODEL_YAML = Path(__file__).resolve().parents[1] / "configs" / "models" / "yolov5n.yaml"
+HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005}
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return Model(MODEL_YAML, nc=3)
+
+
+def test_fitness_of_val_results_row():
+    # train.py: results = (P, R, mAP@.5, mAP@.5-.95, val_box, val_obj, val_cls)
+    results = (0.7, 0.6, 0.5, 0.3, 0.05, 0.02, 0.01)
+    fi = fitness(np.array(results).reshape(1, -1))
+    assert isinstance(fi, np.ndarray) and fi.shape == (1,) and fi[0] == pytest.approx(0.1 * 0.5 + 0.9 * 0.3)
+    best_fitness = 0.0
+    if fi > best_fitness:  # train.py compares the one-element array with a float
+        best_fitness = fi
+    assert best_fitness is fi
+    # evolve: fitness over many rows, one per generation
+    assert fitness(np.array([results, (0, 0, 1, 1, 0, 0, 0)])).tolist() == pytest.approx([0.32, 1.0])
+
+
+def test_one_cycle_drives_lambda_lr_as_in_train_py(model):
+    epochs = 10
+    optimizer = smart_optimizer(model, "SGD", HYP["lr0"], HYP["momentum"], HYP["weight_decay"])
+    lf = one_cycle(1, HYP["lrf"], epochs)  # cosine 1 -> hyp['lrf']
+    scheduler = lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
+    lrs = []
+    for _ in range(epochs):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    expected = [HYP["lr0"] * (((1 - math.cos(e * math.pi / epochs)) / 2) * (HYP["lrf"] - 1) + 1) for e in range(epochs)]
+    assert lrs == pytest.approx(expected)
+
+
+def test_smart_optimizer_positional_call_and_group_order(model):
+    optimizer = smart_optimizer(model, "SGD", HYP["lr0"], HYP["momentum"], HYP["weight_decay"])
+    # YOLOv5's order: biases (no decay), weights (decay), BatchNorm weights (no decay)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.0, HYP["weight_decay"], 0.0]
+    assert all(p.ndim == 1 for p in optimizer.param_groups[0]["params"])
+    assert optimizer.defaults["nesterov"] and optimizer.defaults["momentum"] == HYP["momentum"]
+    adam = smart_optimizer(model, "Adam", 0.001, 0.9, 1e-5)
+    assert adam.defaults["betas"] == (0.9, 0.999)
+
+
+def test_early_stopping_the_yolov5_way():
+    stopper, stop = EarlyStopping(patience=3), False
+    final_epochs, stopped_at = [], None
+    fits = [0.1, 0.3, 0.2, 0.25, 0.28, 0.29, 0.5]
+    for epoch, value in enumerate(fits):
+        final_epoch = epoch + 1 == len(fits) or stopper.possible_stop  # train.py: validate fully before a stop
+        final_epochs.append(final_epoch)
+        fi = fitness(np.array([0, 0, value, value]).reshape(1, -1))
+        stop = stopper(epoch=epoch, fitness=fi)
+        if stop:
+            stopped_at = epoch
+            break
+    assert stopped_at == 4 and stopper.best_epoch == 1
+    assert final_epochs == [False, False, False, False, True]  # epoch 3 (2 without improvement) flags epoch 4
+
+
+def our_train_checkpoint(model: Model, path: Path) -> Path:
+    """A checkpoint as our train.py's save_run writes it."""
+    ema = ModelEMA(model)
+    optimizer = smart_optimizer(model, "SGD", HYP["lr0"], HYP["momentum"], HYP["weight_decay"])
+    ckpt = build_checkpoint(
+        ema.ema,
+        optimizer=optimizer,
+        ema_updates=ema.updates,
+        epoch=4,
+        best_fitness=0.3,
+        opt={"epochs": 5, "save_dir": str(path.parent)},
+        hyp=HYP,
+    )
+    ckpt["train_model"] = model.state_dict()
+    save_checkpoint(ckpt, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda f, s: strip_optimizer(f),  # train.py: for f in last, best: strip_optimizer(f)
+        lambda f, s: strip_optimizer(f, s),
+        lambda f, s: strip_optimizer(f=f, s=s),
+        lambda f, s: strip_optimizer(f=str(f), s=""),  # '' keeps f
+        lambda f, s: strip_optimizer(f, out=s),  # our keyword form
+    ],
+)
+def test_strip_optimizer_on_our_train_checkpoint(tmp_path, model, call):
+    best = our_train_checkpoint(model, tmp_path / "best.pt")
+    written = Path(call(best, tmp_path / "small.pt"))
+    stripped = load_checkpoint(written)  # still loads without unpickling code
+    assert stripped["optimizer"] is None and stripped["epoch"] == -1 and "train_model" not in stripped
+    assert all(v.dtype in (torch.float16, torch.int64) for v in stripped["model"].values())
+    assert written.stat().st_size < (tmp_path / "best.pt").stat().st_size or written == best
+    fresh = Model(stripped["model_cfg"])
+    fresh.load_state_dict(stripped["model"])  # the weights it holds rebuild the model
+
+
+def test_strip_optimizer_with_no_arguments_strips_best_pt_here(tmp_path, model, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    our_train_checkpoint(model, tmp_path / "best.pt")
+    assert strip_optimizer() == Path("best.pt") and load_checkpoint("best.pt")["epoch"] == -1
+
+
+def test_strip_optimizer_on_yolov5_layout_holding_our_model(tmp_path, model):
+    # YOLOv5's train.py saves the modules themselves, in fp16: this is what it writes when it trains our Model
+    ema = copy.deepcopy(model).half()
+    ckpt = {"epoch": 4, "best_fitness": np.array([0.3]), "model": None, "ema": ema, "updates": 12}
+    ckpt.update(optimizer={"state": {}, "param_groups": []}, opt={}, git=None, date="2024-01-01")
+    torch.save(ckpt, tmp_path / "last.pt")
+    with pytest.raises(UnsafeCheckpointError):
+        load_checkpoint(tmp_path / "last.pt")  # not a plain checkpoint: load_checkpoint still refuses it
+    strip_optimizer(tmp_path / "last.pt", tmp_path / "final.pt")
+    stripped = torch.load(tmp_path / "final.pt", weights_only=False)
+    assert isinstance(stripped["model"], Model) and stripped["epoch"] == -1  # the EMA became the model
+    assert all(stripped[k] is None for k in ("optimizer", "best_fitness", "ema", "updates"))
+    assert all(p.dtype == torch.float16 and not p.requires_grad for p in stripped["model"].parameters())
+    for key, value in ema.state_dict().items():
+        assert torch.equal(stripped["model"].state_dict()[key], value)
+
+
+class Stranger(torch.nn.Module):
+    """A module class from outside ddp_utils and torch: unpickling it could run anything."""
+
+
+def test_strip_optimizer_refuses_foreign_classes(tmp_path):
+    torch.save({"model": Stranger(), "epoch": 1}, tmp_path / "foreign.pt")
+    with pytest.raises(UnsafeCheckpointError, match="Stranger.*not a ddp_utils or torch.nn module"):
+        strip_optimizer(tmp_path / "foreign.pt")
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        strip_optimizer(tmp_path / "missing.pt")
+
+
+def test_model_info_takes_verbose_second_as_yolov5(model, caplog):
+    """utils/torch_utils.py: ``model_info(model, verbose=False, imgsz=640)``; a True second argument is verbose."""
+    import logging
+
+    from ddp_utils.profiling import model_info
+
+    with caplog.at_level(logging.INFO, logger="ddp_utils"):
+        info = model_info(model, True)
+    assert "model.0.conv.weight" in caplog.text  # the per-parameter table
+    assert info["summary"].endswith("GFLOPs")  # counted at 640, YOLOv5's default: no " at HxW"
+    assert info["gflops"] == pytest.approx(model_info(model, False, 640)["gflops"])
