@@ -38,25 +38,25 @@ def _verbose_from_env() -> bool:
 
 
 class _RankFilter(logging.Filter):
-    """Drop INFO and below except on the main process, as YOLOv5's logger does by its level.
+    """Until :func:`set_logging` is called: drop INFO and below except on the main process.
 
-    Until :func:`set_logging` fixes them, the rank and the verbosity are read when a line
-    is logged, so importing ddp_utils before torchrun's variables matter costs nothing.
+    YOLOv5 does this with its logger's level; here the rank and ``DDP_UTILS_VERBOSE`` are
+    read when a line is logged, so importing ddp_utils before torchrun's variables matter
+    costs nothing. Once :func:`set_logging` has set the level by rank, the level alone
+    decides (a host may still change it), and this filter only remembers the rank.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.rank: int | None = None
-        self.verbose: bool | None = None
+        self.rank: int | None = None  # set by set_logging
 
     def current_rank(self) -> int:
         return _rank_from_env() if self.rank is None else self.rank
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
+        if self.rank is not None or record.levelno >= logging.WARNING:
             return True
-        verbose = _verbose_from_env() if self.verbose is None else self.verbose
-        return verbose and self.current_rank() in (-1, 0)
+        return _verbose_from_env() and self.current_rank() in (-1, 0)
 
 
 class _RankFormatter(logging.Formatter):
@@ -145,7 +145,7 @@ def set_logging(rank: int | None = None, verbose: bool = True) -> logging.Logger
         rank = _rank_from_env()
     level = logging.INFO if verbose and rank in (-1, 0) else logging.WARNING
     LOGGER.setLevel(level)
-    _rank_filter.rank, _rank_filter.verbose = rank, verbose
+    _rank_filter.rank = rank
     if _handler not in LOGGER.handlers:
         LOGGER.addHandler(_handler)
     if _rank_filter not in LOGGER.filters:
