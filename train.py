@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,7 +114,7 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
     An elastic restart (torchrun --max-restarts) resumes its own run by itself, found by a
     key of this launch recorded in opt.yaml. A new run's directory is made later, by make_run_dir.
     """
-    run_key = launch_key(info)
+    run_key = du.launch_key(info)  # the same across elastic restarts and SLURM requeues of this job
     last = None
     if info.is_main:
         if opt.resume:
@@ -146,26 +145,18 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
     return resumed, ckpt
 
 
-def launch_key(info: du.DistInfo) -> str:
-    """A name for this launch that survives elastic restarts but not a new launch.
-
-    torchrun's agent keeps one directory per launch for its workers' error files
-    (TORCHELASTIC_ERROR_FILE = <dir>/attempt_N/<rank>/error.json); rank 0's names the launch.
-    """
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    agent_dir = str(Path(error_file).parents[2]) if error_file and len(Path(error_file).parents) > 2 else ""
-    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{info.master_addr}:{info.master_port}/{agent_dir}"
-
-
 def main(opt: argparse.Namespace) -> None:
     info = du.dist_info()
     du.set_logging(info.rank)
     check_opt(opt, info)
-    du.init_distributed()
+    try:  # the device decides the backend; a device that is not there is one line, before any rendezvous
+        device = du.select_device(opt.device, batch_size=opt.batch_size if opt.batch_size > 0 else None)
+    except USER_ERRORS as exc:
+        usage_error(str(exc))
+    du.init_distributed(device=device)
     finished = False
     try:
         try:  # ---- inputs: a user's mistake is one line and exit code 2, before any run directory ----
-            device = du.select_device(opt.device, batch_size=opt.batch_size)
             opt, ckpt = resolve_run(opt, info)
             run = setup(opt, device, info, ckpt)
         except USER_ERRORS as exc:
