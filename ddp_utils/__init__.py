@@ -2,7 +2,7 @@
 
 from .data import check_dataset, create_dataloader, create_val_dataloader, load_hyp, make_shapes_dataset
 from .detect import ComputeLoss, Model, evaluate, fitness, non_max_suppression, scale_boxes
-from .device import select_device, synchronize, time_synchronized
+from .device import select_device, synchronize, time_sync, time_synchronized
 from .dist import (
     DistEnvError,
     DistInfo,
@@ -80,6 +80,7 @@ __all__ = [
     "select_device",
     "set_logging",
     "synchronize",
+    "time_sync",
     "time_synchronized",
     "torch_distributed_rank_zero_first",
     "torch_distributed_zero_first",

@@ -131,7 +131,9 @@ def _check_gpus_per_node(device: str | int | torch.device | None, n_gpu: int, in
         )
 
 
-def select_device(device: str | int | torch.device | None = "", batch_size: int | None = None) -> torch.device:
+def select_device(
+    device: str | int | torch.device | None = "", batch_size: int | None = None, newline: bool = True
+) -> torch.device:
     """Pick this process's device from a YOLOv5-style request, checking it is there.
 
     As in YOLOv5, a GPU list becomes CUDA_VISIBLE_DEVICES (while CUDA has not started),
@@ -146,7 +148,8 @@ def select_device(device: str | int | torch.device | None = "", batch_size: int 
     Args:
         device: "", "cpu", "mps", "0", "0,1,2,3" or "cuda:1". "" picks CUDA if there is
             any (all GPUs), then MPS, then the CPU.
-        batch_size: the total batch size to check, or None.
+        batch_size: the total batch size to check, or None (0 too, as in YOLOv5).
+        newline: accepted for YOLOv5's call form; the summary is a log line either way.
 
     Returns:
         The torch.device this process should use.
@@ -225,3 +228,6 @@ def time_synchronized(device: torch.device | str | None = None) -> float:
     """
     synchronize(device)
     return time.perf_counter()
+
+
+time_sync = time_synchronized  # YOLOv5's name since v6

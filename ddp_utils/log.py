@@ -118,7 +118,7 @@ LOGGER.addHandler(_handler)
 LOGGER.setLevel(logging.INFO)
 
 
-def set_logging(rank: int | None = None, verbose: bool = True) -> logging.Logger:
+def set_logging(rank: int | str | None = None, verbose: bool = True) -> logging.Logger:
     """Configure the ``ddp_utils`` logger for this process and return it.
 
     INFO is shown on the main process when ``verbose``, WARNING and above on every rank;
@@ -127,21 +127,29 @@ def set_logging(rank: int | None = None, verbose: bool = True) -> logging.Logger
     propagating to the root logger, so a host program's ``logging.basicConfig`` does not
     print each line twice.
 
+    YOLOv5 has had both call forms: ``set_logging(rank, verbose)`` (v6.0 and before) and
+    ``set_logging(name, verbose)`` (v6.1 on). A name configures that logger the same way
+    (the host script's own ``LOGGER``), as well as ours, and returns it.
+
     Args:
         rank: global rank of this process; ``None`` reads it from the launcher's
             environment (torchrun's RANK, srun's SLURM_PROCID), -1 for a single process.
+            A string is a logger's name (YOLOv5 v6.1's form); the rank is then read as for ``None``.
         verbose: log INFO on the main process when True, WARNING otherwise.
 
     Returns:
-        The configured logger.
+        The configured logger (the named one when a name was given).
 
     Examples:
         >>> from ddp_utils.log import set_logging
         >>> logger = set_logging(rank=0)
         >>> logger.name
         'ddp_utils'
+        >>> set_logging("my_project").name
+        'my_project'
     """
-    if rank is None:
+    name = rank if isinstance(rank, str) else None
+    if rank is None or name is not None:
         rank = _rank_from_env()
     level = logging.INFO if verbose and rank in (-1, 0) else logging.WARNING
     LOGGER.setLevel(level)
@@ -153,4 +161,11 @@ def set_logging(rank: int | None = None, verbose: bool = True) -> logging.Logger
     _handler.explicit = True
     _handler.setLevel(level)
     LOGGER.propagate = False
-    return LOGGER
+    if name is None or name == LOGGER_NAME:
+        return LOGGER
+    host = logging.getLogger(name)
+    host.setLevel(level)
+    if _handler not in host.handlers:
+        host.addHandler(_handler)
+    host.propagate = False
+    return host

@@ -203,3 +203,37 @@ def test_letterbox_takes_yolov5s_keywords():
     out, ratio, pad = letterbox(im=img, new_shape=(64, 64), auto=False, scaleFill=True)
     assert out.shape == (64, 64, 3) and ratio == (64 / 50, 64 / 100) and pad == (0.0, 0.0)
     assert letterbox(img, 64, (114, 114, 114), False, False, True, 32)[0].shape == (64, 64, 3)
+
+
+def test_small_helpers_take_yolov5s_call_forms(tmp_path):
+    """utils/torch_utils.py ``select_device(device, batch_size, newline)``, ``time_sync``; utils/general.py
+    ``yaml_save(file, data)``; utils/loss.py ``smooth_BCE(eps=0.1)``, ``FocalLoss(loss_fcn, gamma, alpha)``."""
+    import ddp_utils as du
+    from ddp_utils.detect import FocalLoss, smooth_BCE
+    from ddp_utils.engine import yaml_save
+
+    assert du.select_device("cpu", batch_size=0, newline=False) == torch.device("cpu")
+    t0 = du.time_sync()
+    assert du.time_sync() >= t0
+    assert yaml_save(file=tmp_path / "opt.yaml", data={"epochs": 3}).read_text() == "epochs: 3\n"
+    assert smooth_BCE() == (0.95, 0.05)  # YOLOv5's default eps is 0.1
+    focal = FocalLoss(loss_fcn=torch.nn.BCEWithLogitsLoss(), gamma=1.5, alpha=0.25)
+    assert focal.loss_fcn.reduction == "none" and focal.reduction == "mean"
+    assert float(focal(torch.zeros(4), torch.ones(4))) > 0
+
+
+def test_set_logging_by_name_configures_the_host_logger():
+    """utils/general.py v6.1+: ``set_logging(name, verbose)`` sets up the named logger the script uses."""
+    import subprocess
+    import sys
+
+    code = (
+        "import ddp_utils as du\n"
+        "LOGGER = du.set_logging('yolov5')\n"
+        "LOGGER.info('host line')\n"
+        "du.LOGGER.info('library line')\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "LOCAL_RANK", "SLURM_PROCID")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("host line") == 1 and proc.stderr.count("library line") == 1

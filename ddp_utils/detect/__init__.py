@@ -3,7 +3,7 @@
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
 from .evaluate import evaluate
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
-from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_bce
+from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_BCE, smooth_bce
 from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
 from .ops import (
@@ -56,6 +56,7 @@ __all__ = [
     "parse_model",
     "read_yolov5_checkpoint",
     "scale_boxes",
+    "smooth_BCE",
     "smooth_bce",
     "xywh2xyxy",
     "xywhn2xyxy",

@@ -40,6 +40,16 @@ def smooth_bce(eps: float = 0.0) -> tuple[float, float]:
     return 1.0 - 0.5 * eps, 0.5 * eps
 
 
+def smooth_BCE(eps: float = 0.1) -> tuple[float, float]:  # noqa: N802 (YOLOv5's name)
+    """YOLOv5's name and default (``eps=0.1``) for :func:`smooth_bce`.
+
+    Examples:
+        >>> smooth_BCE()
+        (0.95, 0.05)
+    """
+    return smooth_bce(eps)
+
+
 class FocalLoss(nn.Module):
     """Focal loss around a BCE-with-logits loss (keeps its pos_weight): down-weights easy examples.
 
@@ -49,17 +59,17 @@ class FocalLoss(nn.Module):
         True
     """
 
-    def __init__(self, bce: nn.BCEWithLogitsLoss, gamma: float = 1.5, alpha: float = 0.25) -> None:
+    def __init__(self, loss_fcn: nn.BCEWithLogitsLoss, gamma: float = 1.5, alpha: float = 0.25) -> None:
         super().__init__()
-        self.bce = bce
+        self.loss_fcn = loss_fcn  # YOLOv5's argument and attribute name
         self.gamma = gamma
         self.alpha = alpha
-        self.reduction = bce.reduction
-        self.bce.reduction = "none"
+        self.reduction = loss_fcn.reduction
+        self.loss_fcn.reduction = "none"
 
     def elementwise(self, pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
         """The loss of every element, unreduced."""
-        loss = self.bce(pred, true)
+        loss = self.loss_fcn(pred, true)
         prob = torch.sigmoid(pred)
         p_t = true * prob + (1 - true) * (1 - prob)
         alpha_factor = true * self.alpha + (1 - true) * (1 - self.alpha)

@@ -77,8 +77,10 @@ def increment_path(path: str | Path, exist_ok: bool = False, sep: str = "", mkdi
         n += 1
 
 
-def yaml_save(path: str | Path, data: Mapping[str, Any] | Any) -> Path:
+def yaml_save(file: str | Path = "data.yaml", data: Mapping[str, Any] | Any = None) -> Path:
     """Write ``data`` (a dict or argparse Namespace) as YAML of plain values (Paths become str).
+
+    The arguments are YOLOv5's (``yaml_save(file, data)``); returns the file's path.
 
     Examples:
         >>> import tempfile
@@ -86,7 +88,8 @@ def yaml_save(path: str | Path, data: Mapping[str, Any] | Any) -> Path:
         >>> p.read_text()
         'save_dir: runs/exp\\nepochs: 3\\n'
     """
-    path = Path(path)
+    path = Path(file)
+    data = {} if data is None else data
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(to_plain(data), f, sort_keys=False, allow_unicode=True)
