@@ -45,7 +45,7 @@ for epoch in range(opt.epochs):
     loader.set_epoch(epoch)  # that epoch's shuffle and augmentation
     model.train()
     epoch_loss = torch.zeros(3, device=device)
-    for i, (imgs, targets, paths, shapes) in enumerate(loader):
+    for i, (imgs, targets, _paths, _shapes) in enumerate(loader):
         if i == opt.batches:
             break
         imgs = imgs.to(device, non_blocking=True).float() / 255  # uint8 -> 0-1
