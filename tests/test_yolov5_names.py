@@ -178,3 +178,28 @@ def test_model_info_takes_verbose_second_as_yolov5(model, caplog):
     assert "model.0.conv.weight" in caplog.text  # the per-parameter table
     assert info["summary"].endswith("GFLOPs")  # counted at 640, YOLOv5's default: no " at HxW"
     assert info["gflops"] == pytest.approx(model_info(model, False, 640)["gflops"])
+
+
+def test_non_max_suppression_takes_yolov5s_arguments_in_its_order():
+    """utils/general.py: (prediction, conf_thres, iou_thres, classes, agnostic, multi_label, labels, max_det, nm)."""
+    from ddp_utils.detect import non_max_suppression
+
+    pred = torch.tensor([[[50.0, 50, 20, 20, 0.9, 0.9, 0.1], [10, 10, 4, 4, 0.05, 1, 0]]])
+    known = torch.tensor([[1.0, 100, 100, 10, 10]])  # val.py --save-hybrid: a label joins as a sure detection
+    (out,) = non_max_suppression(pred, 0.25, 0.45, None, False, False, [known], 300)
+    assert out[:, 4].tolist() == pytest.approx([1.0, 0.81]) and out[:, 5].tolist() == [1.0, 0.0]
+    assert out[0, :4].tolist() == [95.0, 95.0, 105.0, 105.0]
+    (only_dets,) = non_max_suppression(pred, 0.25, 0.45, None, False, False, (), 300, 0)
+    assert len(only_dets) == 1
+    with pytest.raises(ValueError, match="nm=32"):
+        non_max_suppression(pred, nm=32)
+
+
+def test_letterbox_takes_yolov5s_keywords():
+    """utils/augmentations.py: ``letterbox(im, new_shape, color, auto, scaleFill, scaleup, stride)``."""
+    from ddp_utils.data import letterbox
+
+    img = np.zeros((100, 50, 3), np.uint8)
+    out, ratio, pad = letterbox(im=img, new_shape=(64, 64), auto=False, scaleFill=True)
+    assert out.shape == (64, 64, 3) and ratio == (64 / 50, 64 / 100) and pad == (0.0, 0.0)
+    assert letterbox(img, 64, (114, 114, 114), False, False, True, 32)[0].shape == (64, 64, 3)

@@ -15,6 +15,7 @@ What lives where:
 - ``transfer.py``: batches back from the workers through reused shared-memory slots.
 - ``loader.py``: :func:`create_dataloader`, :func:`create_val_dataloader` and :class:`EpochLoader`,
   whose workers stay across epochs.
+- ``prefetch.py``: :class:`DevicePrefetcher`, the next batch copied to the GPU on a side stream.
 - ``synthetic.py``: an offline synthetic detection dataset (the default data).
 
 The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
@@ -26,6 +27,7 @@ from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
 from .loader import EpochLoader, create_dataloader, create_val_dataloader
+from .prefetch import DevicePrefetcher, to_device_batch
 from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
 from .synthetic import generate, make_shapes_dataset
 from .weights import labels_to_class_weights, labels_to_image_weights
@@ -33,6 +35,7 @@ from .weights import labels_to_class_weights, labels_to_image_weights
 __all__ = [
     "IMG_FORMATS",
     "DataConfigError",
+    "DevicePrefetcher",
     "DownloadError",
     "EpochLoader",
     "EpochSampler",
@@ -59,4 +62,5 @@ __all__ = [
     "load_labels",
     "make_shapes_dataset",
     "rect_batch_shapes",
+    "to_device_batch",
 ]

@@ -21,22 +21,24 @@ from .warp import PAD_COLOR, box_candidates, mosaic4, perspective_matrix, random
 
 
 def letterbox(
-    img: np.ndarray,
+    im: np.ndarray,
     new_shape: int | tuple[int, int] = 640,
     color: tuple[int, int, int] = PAD_COLOR,
     auto: bool = True,
-    scale_fill: bool = False,
+    scaleFill: bool = False,  # noqa: N803 (YOLOv5's keyword)
     scaleup: bool = True,
     stride: int = 32,
+    *,
+    scale_fill: bool | None = None,
 ) -> tuple[np.ndarray, tuple[float, float], tuple[float, float]]:
-    """Resize keeping the aspect ratio and pad to ``new_shape`` (h, w).
+    """Resize keeping the aspect ratio and pad to ``new_shape`` (h, w); YOLOv5's arguments, in its order.
 
     Args:
-        img: HWC image.
+        im: HWC image.
         new_shape: target (h, w), or one int for a square.
         color: padding colour.
         auto: pad only to the next multiple of ``stride`` (minimum rectangle).
-        scale_fill: stretch to ``new_shape`` without padding.
+        scaleFill: stretch to ``new_shape`` without padding (``scale_fill`` is the same).
         scaleup: allow enlarging; False only shrinks (better val mAP).
         stride: the model's largest stride, for ``auto``.
 
@@ -48,6 +50,8 @@ def letterbox(
         >>> out.shape, ratio, pad
         ((64, 64, 3), (0.32, 0.32), (16.0, 0.0))
     """
+    img = im
+    scale_fill = scaleFill if scale_fill is None else scale_fill
     h, w = img.shape[:2]
     if isinstance(new_shape, int):
         new_shape = (new_shape, new_shape)

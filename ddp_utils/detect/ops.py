@@ -7,6 +7,7 @@ and also return the boxes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -69,7 +70,10 @@ def non_max_suppression(
     classes: list[int] | None = None,
     agnostic: bool = False,
     multi_label: bool = False,
+    labels: Sequence[torch.Tensor] = (),
     max_det: int = 300,
+    nm: int = 0,
+    *,
     max_nms: int = 30000,
 ) -> list[torch.Tensor]:
     """Filter the model's eval output to detections per image with class-aware NMS.
@@ -84,8 +88,13 @@ def non_max_suppression(
         classes: keep only these class indices.
         agnostic: suppress across classes too.
         multi_label: allow several labels per box.
+        labels: per image, an ``[n, 5]`` tensor of known ``class, x, y, w, h`` (pixels) added as
+            detections of confidence 1 before NMS (YOLOv5's ``--save-hybrid`` autolabelling).
         max_det: most detections kept per image.
+        nm: YOLOv5's mask-coefficient count for segmentation models; only 0 (detection) is supported.
         max_nms: most boxes (by confidence) passed into NMS per image.
+
+    The arguments are YOLOv5's, in its order.
 
     Returns:
         One ``[n, 6]`` tensor per image: x1, y1, x2, y2, confidence, class.
@@ -99,11 +108,15 @@ def non_max_suppression(
         prediction = prediction[0]
     if not 0 <= conf_thres <= 1 or not 0 <= iou_thres <= 1:
         raise ValueError(f"conf_thres={conf_thres} and iou_thres={iou_thres} must lie in [0, 1]")
+    if nm:
+        raise ValueError(f"non_max_suppression(nm={nm}): ddp_utils' detector has no mask coefficients; use nm=0")
     nc = prediction.shape[2] - 5
     multi_label &= nc > 1
     output = [torch.zeros((0, 6), device=prediction.device) for _ in range(prediction.shape[0])]
     for index, x in enumerate(prediction):
         x = x[x[:, 4] > conf_thres]
+        if index < len(labels) and len(labels[index]):
+            x = torch.cat((x, _as_detections(labels[index], nc).to(x)), 0)
         if not x.shape[0]:
             continue
         scores = x[:, 5:] * x[:, 4:5]
@@ -123,6 +136,15 @@ def non_max_suppression(
         keep = torchvision.ops.batched_nms(x[:, :4].float(), x[:, 4].float(), groups, iou_thres)
         output[index] = x[keep[:max_det]]
     return output
+
+
+def _as_detections(labels: torch.Tensor, nc: int) -> torch.Tensor:
+    """Known ``class, x, y, w, h`` rows as raw predictions of objectness and class score 1."""
+    rows = torch.zeros((len(labels), nc + 5), device=labels.device)
+    rows[:, :4] = labels[:, 1:5]
+    rows[:, 4] = 1.0
+    rows[torch.arange(len(labels), device=labels.device), labels[:, 0].long() + 5] = 1.0
+    return rows
 
 
 __all__ = [

@@ -66,10 +66,26 @@ class ModelEMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        """Move the average one step towards ``model``'s current state (call after each optimizer step)."""
+        """Move the average one step towards ``model``'s current state (call after each optimizer step).
+
+        The floating-point entries are averaged by two multi-tensor kernels
+        (``torch._foreach_mul_`` and ``torch._foreach_add_``: the same arithmetic, in the same
+        order, as one ``mul_``/``add_`` per tensor, hence the same numbers), integer buffers are
+        copied. Nothing here waits for the device: the decay is a host float from the counter.
+        """
         self.updates += 1
         d = self.decay()
-        current = de_parallel(model).state_dict()
+        ema_float, source_float, ema_other, source_other = self._paired_state(de_parallel(model))
+        if ema_float:
+            torch._foreach_mul_(ema_float, d)
+            torch._foreach_add_(ema_float, source_float, alpha=1.0 - d)
+        for value, source in zip(ema_other, source_other):
+            value.copy_(source)
+
+    def _paired_state(self, model: nn.Module) -> tuple[list, list, list, list]:
+        """The EMA's entries and the model's matching ones, split into floating-point and other."""
+        current = model.state_dict()
+        ema_float, source_float, ema_other, source_other = [], [], [], []
         for name, value in self.ema.state_dict().items():
             if name not in current:
                 raise KeyError(f"ModelEMA.update: the model has no entry {name!r}; was its architecture changed?")
@@ -80,9 +96,13 @@ class ModelEMA:
                     f"{tuple(value.shape)} in the EMA; was its architecture changed?"
                 )
             if value.is_floating_point():
-                value.mul_(d).add_(source.to(value.device, value.dtype), alpha=1.0 - d)
+                ema_float.append(value)
+                # a no-op for an fp32 model on the EMA's device; a cast for a half model
+                source_float.append(source.to(value.device, value.dtype))
             else:
-                value.copy_(source)
+                ema_other.append(value)
+                source_other.append(source)
+        return ema_float, source_float, ema_other, source_other
 
     @torch.no_grad()
     def sync(self, src: int = 0) -> None:

@@ -120,3 +120,174 @@ def test_assignment_follows_anchors_changed_after_the_loss_was_made():
     assert len(compute_loss.build_targets(preds, targets)[0][0]) == 9
     model.model[-1].anchors.mul_(10)  # far too large for a 2-cell object now
     assert len(compute_loss.build_targets(preds, targets)[0][0]) == 0
+
+
+class ReferenceLoss(ComputeLoss):
+    """ComputeLoss as it was before the dense, sync-free assignment: the reference it must equal."""
+
+    def __call__(self, preds, targets):
+        from torchvision.ops import complete_box_iou_loss
+
+        from ddp_utils.boxes import xywh2xyxy
+
+        device = preds[0].device
+        loss_box, loss_obj, loss_cls = (torch.zeros(1, device=device) for _ in range(3))
+        for level, (pred, (cls, box, index, anchors)) in enumerate(zip(preds, self.old_build_targets(preds, targets))):
+            obj_target = torch.zeros(pred.shape[:4], dtype=pred.dtype, device=device)
+            if cls.shape[0]:
+                picked = pred[index]
+                pxy, pwh, _, pcls = picked.split((2, 2, 1, self.nc), 1)
+                pxy = pxy.sigmoid() * 2 - 0.5
+                pwh = (pwh.sigmoid() * 2) ** 2 * anchors
+                ciou_loss = complete_box_iou_loss(
+                    xywh2xyxy(torch.cat((pxy, pwh), 1).float()), xywh2xyxy(box), reduction="none"
+                )
+                loss_box += ciou_loss.mean()
+                obj_target[index] = (1.0 - ciou_loss).detach().clamp(0).to(obj_target.dtype)
+                if self.nc > 1:
+                    cls_target = torch.full_like(pcls, self.cls_neg)
+                    cls_target[torch.arange(cls.shape[0], device=device), cls] = self.cls_pos
+                    loss_cls += self.bce_cls(pcls, cls_target)
+            loss_obj += self.bce_obj(pred[..., 4], obj_target) * self.balance[level]
+        loss_box *= self.hyp["box"]
+        loss_obj *= self.hyp["obj"]
+        loss_cls *= self.hyp["cls"]
+        return (loss_box + loss_obj + loss_cls) * preds[0].shape[0], torch.cat((loss_box, loss_obj, loss_cls)).detach()
+
+    def old_build_targets(self, preds, targets):
+        device = targets.device
+        n_targets = targets.shape[0]
+        anchor_index = torch.arange(self.na, device=device, dtype=torch.float32).view(self.na, 1).repeat(1, n_targets)
+        per_anchor = torch.cat((targets.float().repeat(self.na, 1, 1), anchor_index[..., None]), 2)
+        offsets_all = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * 0.5
+        result = []
+        for level, pred in enumerate(preds):
+            ny, nx = pred.shape[2], pred.shape[3]
+            gain = torch.tensor([1, 1, nx, ny, nx, ny, 1], device=device, dtype=torch.float32)
+            t = per_anchor * gain
+            anchors = self.detect.anchors[level].detach().to(device)
+            if n_targets:
+                ratio = t[..., 4:6] / anchors[:, None]
+                t = t[torch.max(ratio, 1 / ratio).max(2)[0] < self.anchor_t]
+                xy = t[:, 2:4]
+                xy_inv = gain[[2, 3]] - xy
+                left, up = ((xy % 1 < 0.5) & (xy > 1)).T
+                right, down = ((xy_inv % 1 < 0.5) & (xy_inv > 1)).T
+                use = torch.stack((torch.ones_like(left), left, up, right, down))
+                t = t.repeat((5, 1, 1))[use]
+                offsets = (torch.zeros_like(xy)[None] + offsets_all[:, None])[use]
+            else:
+                t = per_anchor[0]
+                offsets = torch.zeros_like(t[:, 2:4])
+            image, cls = t[:, 0].long(), t[:, 1].long()
+            xy, wh, anchor = t[:, 2:4], t[:, 4:6], t[:, 6].long()
+            cell = (xy - offsets).long()
+            gx, gy = cell[:, 0].clamp(0, nx - 1), cell[:, 1].clamp(0, ny - 1)
+            box = torch.cat((xy - torch.stack((gx, gy), 1), wh), 1)
+            result.append((cls, box, (image, anchor, gy, gx), anchors[anchor]))
+        return result
+
+
+def random_targets(gen: torch.Generator, batch: int, per_image: int, nc: int, grid: int = 8) -> torch.Tensor:
+    """Random labels; a third snapped to cell borders of the finest grid (and the image edges)."""
+    n = batch * per_image
+    image = torch.arange(batch).repeat_interleave(per_image).float()
+    cls = torch.randint(0, nc, (n,), generator=gen).float()
+    xy = torch.rand(n, 2, generator=gen)
+    snapped = torch.rand(n, generator=gen) < 0.33
+    xy[snapped] = (xy[snapped] * grid).round() / grid  # 0, 1/grid, ..., 1: exactly on a border
+    wh = torch.rand(n, 2, generator=gen) * 0.6 + 0.01
+    return torch.cat((image[:, None], cls[:, None], xy, wh), 1)
+
+
+@pytest.mark.parametrize(
+    ("nc", "per_image", "extra_hyp"),
+    [(3, 0, {}), (3, 1, {}), (3, 4, {}), (5, 40, {}), (1, 6, {}), (4, 8, {"fl_gamma": 1.5, "label_smoothing": 0.1})],
+)
+def test_dense_loss_equals_the_reference_values_and_gradients(nc, per_image, extra_hyp):
+    model = tiny_model(nc=nc)
+    hyp = {**HYP, **extra_hyp}
+    gen = torch.Generator().manual_seed(nc * 100 + per_image)
+    batch = 3
+    for _ in range(3):
+        targets = random_targets(gen, batch, per_image, nc)
+        base = [torch.randn(batch, 3, n, n, 5 + nc, generator=gen) for n in (8, 4, 2)]
+        results = []
+        for loss_fn in (ComputeLoss(model, hyp, dense=True), ComputeLoss(model, hyp), ReferenceLoss(model, hyp)):
+            preds = [p.clone().requires_grad_() for p in base]
+            loss, items = loss_fn(preds, targets)
+            loss.backward()
+            results.append((loss.detach(), items, [p.grad for p in preds]))
+        (loss, items, grads), (cpu_loss, cpu_items, cpu_grads), (ref_loss, ref_items, ref_grads) = results
+        # the dense (GPU) form: the same maths summed in another order
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)
+        for grad, ref_grad in zip(grads, ref_grads):
+            torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-7)
+        # off the GPU (the default there): bit for bit what the loss computed before
+        assert torch.equal(cpu_loss, ref_loss) and torch.equal(cpu_items, ref_items)
+        assert all(torch.equal(grad, ref_grad) for grad, ref_grad in zip(cpu_grads, ref_grads))
+
+
+def test_dense_assignment_selects_what_the_old_one_did():
+    model = tiny_model(nc=3)
+    compute_loss = ReferenceLoss(model, HYP)
+    gen = torch.Generator().manual_seed(7)
+    targets = random_targets(gen, 2, 25, 3)
+    preds = [torch.zeros(2, 3, n, n, 8) for n in (8, 4, 2)]
+    dense = compute_loss.dense_targets(preds, targets)
+    for level, (new, old) in enumerate(
+        zip(compute_loss.build_targets(preds, targets), compute_loss.old_build_targets(preds, targets))
+    ):
+        # every candidate keeps its slot: the shapes follow from the number of targets alone
+        assert dense[level].valid.shape == (5 * 3 * targets.shape[0],)
+        assert len(new[0]) == len(old[0]) > 0
+        torch.testing.assert_close(new[1], old[1])
+        assert all(torch.equal(a, b) for a, b in zip(new[2], old[2]))
+        assert torch.equal(new[0], old[0]) and torch.equal(new[3], old[3])
+
+
+def test_compute_loss_takes_hyp_from_the_model_as_yolov5_does():
+    model = tiny_model()
+    images, targets = rectangles_batch()
+    with pytest.raises(ValueError, match=r"ComputeLoss\(model, hyp\)"):
+        ComputeLoss(model)
+    model.hyp = HYP
+    preds = model(images)
+    from_model, _ = ComputeLoss(model)(preds, targets)
+    explicit, _ = ComputeLoss(model, HYP)(preds, targets)
+    assert torch.equal(from_model, explicit)
+    assert ComputeLoss(torch.nn.DataParallel(model)).hyp is HYP
+
+
+def test_autobalance_keeps_weights_relative_to_stride_16_on_the_device():
+    model = tiny_model()
+    model.hyp = HYP
+    images, targets = rectangles_batch()
+    compute_loss = ComputeLoss(model, True)  # YOLOv5's positional autobalance
+    assert compute_loss.autobalance and compute_loss.ssi == 1
+    for _ in range(2):
+        loss, _ = compute_loss(model(images), targets)
+        assert torch.isfinite(loss).all()
+    assert all(isinstance(b, torch.Tensor) for b in compute_loss.balance)
+    assert float(compute_loss.balance[1]) == pytest.approx(1.0)
+    assert float(compute_loss.balance[0]) > float(compute_loss.balance[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_loss_never_waits_for_the_device_and_matches_the_reference():
+    model = tiny_model(nc=4).cuda()
+    gen = torch.Generator().manual_seed(5)
+    targets = random_targets(gen, 2, 10, 4).cuda()
+    preds = [torch.randn(2, 3, n, n, 9, generator=gen).cuda().requires_grad_() for n in (8, 4, 2)]
+    compute_loss = ComputeLoss(model, HYP)
+    compute_loss(preds, targets)  # the first call copies its few constants to the device
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss, items = compute_loss(preds, targets)
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref_loss, ref_items = ReferenceLoss(model, HYP)(preds, targets)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)

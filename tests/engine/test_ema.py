@@ -100,3 +100,56 @@ def test_bad_arguments_are_named():
         ema.update(nn.Sequential(nn.Linear(2, 1)))
     with pytest.raises(ValueError, match=r"'weight' has shape \(1, 3\)"):
         ema.update(nn.Linear(3, 1))
+
+
+def loop_ema_update(ema_model: nn.Module, model: nn.Module, d: float) -> None:
+    """The per-tensor loop ModelEMA.update was before it used multi-tensor kernels: the reference."""
+    current = model.state_dict()
+    with torch.no_grad():
+        for name, value in ema_model.state_dict().items():
+            if value.is_floating_point():
+                value.mul_(d).add_(current[name].detach().to(value.device, value.dtype), alpha=1.0 - d)
+            else:
+                value.copy_(current[name])
+
+
+@pytest.mark.parametrize("half_model", [False, True])
+def test_foreach_update_equals_the_per_tensor_loop_bit_for_bit(half_model):
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.SiLU(), nn.Conv2d(8, 4, 1), nn.BatchNorm2d(4))
+    ema = ModelEMA(model, decay=0.999, tau=5)
+    reference = ModelEMA(model, decay=0.999, tau=5).ema
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(25):
+        model.train()
+        model(torch.randn(4, 3, 9, 9)).square().mean().backward()  # moves BN running stats and the counter
+        optimizer.step()
+        optimizer.zero_grad()
+        source = copy_as_half(model) if half_model else model
+        ema.update(source)
+        loop_ema_update(reference, source, ema.decay(step + 1))
+    assert ema.updates == 25
+    expected = reference.state_dict()
+    for name, value in ema.ema.state_dict().items():
+        assert value.dtype == expected[name].dtype
+        assert torch.equal(value, expected[name]), name
+    assert int(ema.ema[1].num_batches_tracked) == 25 and int(ema.ema[4].num_batches_tracked) == 25
+
+
+def copy_as_half(model: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model).half()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_update_never_waits_for_the_device():
+    model = model_with_bn().cuda()
+    ema = ModelEMA(model, tau=1)
+    model(torch.randn(2, 3, 6, 6, device="cuda"))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ema.update(model)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert int(ema.ema[1].num_batches_tracked) == 1
