@@ -181,10 +181,10 @@ def report(
 
 def validate(opt: argparse.Namespace, device: torch.device, info: du.DistInfo) -> DetectionMetrics:
     """Score ``opt.weights`` on the data yaml's ``opt.task`` split; rank 0 prints and writes."""
+    model, ckpt_names = load_model(opt.weights, device)  # first: a bad file is named before any download
     data = check_dataset(opt.data, autodownload=True)
     if not data.get(opt.task):
         raise UsageError(f"--task {opt.task}: {data['yaml_file']} has no '{opt.task}' split")
-    model, ckpt_names = load_model(opt.weights, device)
     nc = 1 if opt.single_cls else int(data["nc"])
     if model.nc != nc:
         raise UsageError(
