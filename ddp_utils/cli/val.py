@@ -129,10 +129,11 @@ def is_coco_val(data: dict[str, Any]) -> bool:
 
 @torch.no_grad()
 def run_shard(
-    model: Model, loader: Any, device: torch.device, opt: argparse.Namespace
+    model: Model, loader: Any, device: torch.device, imgsz: int, opt: argparse.Namespace
 ) -> tuple[list[ImageRecord], torch.Tensor]:
     """This rank's records and its [pre-process, inference, NMS] seconds, and image count, as float64[4]."""
     half = opt.half and device.type == "cuda"
+    model(torch.zeros(1, 3, imgsz, imgsz, device=device, dtype=next(model.parameters()).dtype))  # warm-up: untimed
     times = torch.zeros(4, dtype=torch.float64)
     records: list[ImageRecord] = []
     for imgs, targets, paths, shapes in loader:
@@ -204,8 +205,7 @@ def validate(opt: argparse.Namespace, device: torch.device, info: du.DistInfo) -
         workers=opt.workers, prefix=f"{opt.task}: ",
     )  # fmt: skip
 
-    model(torch.zeros(1, 3, imgsz, imgsz, device=device, dtype=next(model.parameters()).dtype))  # warm-up: untimed
-    records, times = run_shard(model, loader, device, opt)
+    records, times = run_shard(model, loader, device, imgsz, opt)
     times = du.reduce_tensor(times, op="sum")  # seconds and images of all ranks: the job's mean per image
     everything = gather_records(records)
     metrics: Any = None
