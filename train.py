@@ -14,47 +14,23 @@ gathered predictions, and writes checkpoints and results.
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import os
-import random
 import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 
 import ddp_utils as du
+from ddp_utils import engine
 from ddp_utils.data import check_dataset, create_dataloader, create_val_dataloader, load_hyp
-from ddp_utils.detect import ComputeLoss, Model, evaluate, fitness
-from ddp_utils.engine import (
-    NBS,
-    EarlyStopping,
-    ModelEMA,
-    PreemptionHandler,
-    ResultsLogger,
-    Warmup,
-    accumulate_steps,
-    build_checkpoint,
-    de_parallel,
-    increment_path,
-    latest_checkpoint,
-    load_checkpoint,
-    lr_lambda,
-    plot_images,
-    plot_labels,
-    plot_results,
-    restore_training,
-    results_values,
-    save_checkpoint,
-    scaled_weight_decay,
-    should_stop_everywhere,
-    smart_optimizer,
-    strip_optimizer,
-    yaml_save,
-)
+from ddp_utils.detect import ComputeLoss, Model, evaluate, fitness, scale_loss_gains
+from ddp_utils.detect.weights import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
+
+# the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
+USER_ERRORS = (FileNotFoundError, ValueError, engine.CheckpointError, du.DistEnvError)
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,9 +47,12 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--resume", nargs="?", const=True, default=False, help="resume the latest run, or the given last.pt")
     add("--nosave", action="store_true", help="only save the final checkpoint")
     add("--noval", action="store_true", help="only validate after the final epoch")
+    add("--noplots", action="store_true", help="save no plots (labels, batches, results)")
     add("--cache", nargs="?", const="ram", default=None, choices=["ram", "disk"], help="cache images")
     add("--image-weights", action="store_true", help="sample images by class weights (single process)")
     add("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    add("--amp", default=None, choices=["fp16", "bf16", "off"], help="mixed precision; default fp16 on CUDA, else off")
+    add("--compile", action="store_true", help="torch.compile the model (slow to start; off by default)")
     add("--multi-scale", action="store_true", help="vary image size +/- 50%%")
     add("--single-cls", action="store_true", help="train multi-class data as single-class")
     add("--optimizer", default="SGD", choices=["SGD", "Adam", "AdamW"])
@@ -95,58 +74,64 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def usage_error(message: str) -> None:
+    """A user's mistake: one line naming the value and what to do, exit code 2 (as argparse), no traceback."""
+    du.LOGGER.error(f"train.py: error: {message}")
+    sys.exit(2)
+
+
 def check_opt(opt: argparse.Namespace, info: du.DistInfo) -> None:
     """Refuse bad combinations before any process group starts."""
     if opt.batch_size < 1:
-        raise SystemExit(f"--batch-size {opt.batch_size}: give the total batch size, a positive integer")
+        usage_error(f"--batch-size {opt.batch_size}: give the total batch size, a positive integer")
     if opt.batch_size % info.world_size:
-        raise SystemExit(
+        usage_error(
             f"--batch-size {opt.batch_size} does not divide by WORLD_SIZE={info.world_size}: "
             f"use a multiple of {info.world_size}"
         )
     if opt.image_weights and info.world_size > 1:
-        raise SystemExit("--image-weights works in a single process only: drop it or run without torchrun")
+        usage_error("--image-weights works in a single process only: drop it or run without torchrun")
     if opt.epochs is not None and opt.epochs < 1:
-        raise SystemExit(f"--epochs {opt.epochs}: train at least one epoch")
+        usage_error(f"--epochs {opt.epochs}: train at least one epoch")
     if opt.sync_bn and info.world_size == 1:
         du.LOGGER.warning("--sync-bn has no effect in a single process")
     if opt.rect and opt.multi_scale:
-        raise SystemExit("--rect and --multi-scale do not go together: rect batches have fixed shapes")
+        usage_error("--rect and --multi-scale do not go together: rect batches have fixed shapes")
 
 
 def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Namespace, dict | None]:
-    """Pick the run directory and, when resuming, the checkpoint to continue from.
+    """When resuming, find and load the checkpoint to continue from (rank 0 decides, all follow).
 
-    Rank 0 decides and tells the others. An elastic restart (torchrun --max-restarts)
-    resumes its own run by itself, found by a key of this launch recorded in opt.yaml.
+    An elastic restart (torchrun --max-restarts) resumes its own run by itself, found by a
+    key of this launch recorded in opt.yaml. A new run's directory is made later, by make_run_dir.
     """
     run_key = launch_key(info)
     last = None
     if info.is_main:
         if opt.resume:
-            last = Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
+            last = Path(opt.resume) if isinstance(opt.resume, str) else engine.latest_checkpoint(opt.project)
         elif info.restart_count > 0:
-            last = latest_checkpoint(opt.project, run_key=run_key)
+            last = engine.latest_checkpoint(opt.project, run_key=run_key)
             if last is None:
                 du.LOGGER.warning(f"elastic restart {info.restart_count}: no last.pt of this run yet, starting over")
-    last = du.broadcast_object(str(last) if last else None)
+    # every rank raises the same error, or none
+    last, exists = du.broadcast_object((str(last), Path(last).is_file()) if last is not None else (None, False))
     if opt.resume and last is None:
-        raise SystemExit(f"--resume: no {opt.project}/*/weights/last.pt to resume; give the path")
-    if last is not None:
-        # nodes without a shared file system get rank 0's copy
-        if all(du.all_gather_object(Path(last).is_file())):
-            ckpt = load_checkpoint(last)
-        else:
-            ckpt = du.broadcast_object(load_checkpoint(last) if info.is_main else None)
-        resumed = argparse.Namespace(**ckpt["opt"])
-        resumed.resume, resumed.weights, resumed.run_key = last, last, run_key
-        resumed.save_dir = str(Path(last).parent.parent)
-        du.LOGGER.info(f"resuming {resumed.save_dir} from epoch {ckpt['epoch'] + 2}")
-        return resumed, ckpt
+        raise FileNotFoundError(f"--resume: no {opt.project}/*/weights/last.pt to resume; give the path")
+    if last is not None and not exists:
+        raise FileNotFoundError(f"--resume {last}: no such checkpoint; give the path of a run's weights/last.pt")
     opt.run_key = run_key
-    save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True) if info.is_main else None
-    opt.save_dir = str(du.broadcast_object(save_dir))
-    return opt, None
+    if last is None:
+        return opt, None
+    if all(du.all_gather_object(Path(last).is_file())):
+        ckpt = engine.load_checkpoint(last)
+    else:  # nodes without a shared file system get rank 0's copy
+        ckpt = du.broadcast_object(engine.load_checkpoint(last) if info.is_main else None)
+    resumed = argparse.Namespace(**{**vars(parse_opt([])), **ckpt["opt"]})  # options added since keep defaults
+    resumed.resume, resumed.weights, resumed.run_key = last, last, run_key
+    resumed.save_dir = str(Path(last).parent.parent)
+    du.LOGGER.info(f"resuming {resumed.save_dir} from epoch {ckpt['epoch'] + 2}")
+    return resumed, ckpt
 
 
 def launch_key(info: du.DistInfo) -> str:
@@ -167,281 +152,204 @@ def main(opt: argparse.Namespace) -> None:
     du.init_distributed()
     finished = False
     try:
-        device = du.select_device(opt.device, batch_size=opt.batch_size)
-        opt, ckpt = resolve_run(opt, info)
-        train(opt, device, info, ckpt)
+        try:  # ---- inputs: a user's mistake is one line and exit code 2, before any run directory ----
+            device = du.select_device(opt.device, batch_size=opt.batch_size)
+            opt, ckpt = resolve_run(opt, info)
+            run = setup(opt, device, info, ckpt)
+        except USER_ERRORS as exc:
+            du.LOGGER.debug("the user error's traceback", exc_info=True)
+            usage_error(str(exc))
+        train(run, opt, info)
         finished = True
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
 
 
-def train(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt: dict | None) -> dict:
-    save_dir = Path(opt.save_dir)
-    weights_dir = save_dir / "weights"
-    last, best = weights_dir / "last.pt", weights_dir / "best.pt"
-    cuda = device.type == "cuda"
-    main_process = info.is_main
-
+def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt: dict | None) -> SimpleNamespace:
+    """Data, model and loaders from the user's inputs, checked; then the run directory."""
     # ---- data and hyperparameters (the node's first process downloads or generates the data) ----
     data = check_dataset(opt.data)
     defaults = data.get("train_defaults", {})
     opt.epochs = opt.epochs or defaults.get("epochs", 100)
-    opt.imgsz = opt.imgsz or defaults.get("imgsz", 640)
     opt.hyp = opt.hyp or defaults.get("hyp", "hyp.scratch-low.yaml")
-    hyp = load_hyp(opt.hyp) if isinstance(opt.hyp, str) else dict(opt.hyp)
+    hyp = load_hyp(opt.hyp) if isinstance(opt.hyp, str) else dict(opt.hyp)  # what the run uses, unchanged
     nc = 1 if opt.single_cls else int(data["nc"])
     names = {0: "item"} if opt.single_cls and len(data["names"]) != 1 else data["names"]
-    if main_process:
-        weights_dir.mkdir(parents=True, exist_ok=True)
-        yaml_save(save_dir / "hyp.yaml", hyp)
-        yaml_save(save_dir / "opt.yaml", vars(opt))
-        du.LOGGER.info("hyperparameters: " + ", ".join(f"{k}={v}" for k, v in hyp.items()))
+    opt.amp = engine.resolve_amp(opt.amp, device)
     du.init_seeds(du.rank_seed(opt.seed, info.rank), deterministic=opt.deterministic)
 
-    # ---- model ----
+    # ---- model: pretrained tensors where name and shape match, frozen layers, size on the stride ----
     if ckpt is None and opt.weights:
-        ckpt = load_checkpoint(opt.weights)
+        ckpt = engine.load_checkpoint(opt.weights)
     model = Model(ckpt["model_cfg"] if ckpt else opt.cfg, ch=3, nc=nc).to(device)
     if ckpt is not None and not opt.resume:
-        # pretrained weights (the EMA's): every tensor whose name and shape match, so nc may change
-        own = model.state_dict()
-        matched = {k: v for k, v in ckpt["model"].items() if k in own and v.shape == own[k].shape}
-        model.load_state_dict(matched, strict=False)
-        du.LOGGER.info(f"transferred {len(matched)}/{len(own)} tensors from {opt.weights}")
-    freeze = [f"model.{x}." for x in (opt.freeze if len(opt.freeze) > 1 else range(opt.freeze[0]))]
-    for name, param in model.named_parameters():
-        param.requires_grad = not any(name.startswith(f) for f in freeze)
-    grid_size = max(int(model.stride.max()), 32)
-    imgsz = math.ceil(opt.imgsz / grid_size) * grid_size
-    if imgsz != opt.imgsz:
-        du.LOGGER.warning(f"--imgsz {opt.imgsz} is not a multiple of the stride {grid_size}: using {imgsz}")
-
-    # ---- optimiser: gradients accumulate up to the nominal batch size, decay scales with it ----
-    nbs = int(hyp.get("nbs", NBS))
-    accumulate = accumulate_steps(opt.batch_size, nbs)
-    hyp["weight_decay"] = scaled_weight_decay(hyp["weight_decay"], opt.batch_size, accumulate, nbs)
-    optimizer = smart_optimizer(model, opt.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-    lf = lr_lambda(hyp["lrf"], opt.epochs, cos_lr=opt.cos_lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
-    ema = ModelEMA(model)
-    scaler = torch.amp.GradScaler("cuda", enabled=cuda)
-    start_epoch, best_fitness = 0, 0.0
-    if ckpt is not None and opt.resume:
-        start_epoch, best_fitness = restore_training(ckpt, model, optimizer, ema, scaler)
-        if start_epoch >= opt.epochs:
-            du.LOGGER.info(f"{opt.resume} has finished all {opt.epochs} epochs: nothing to resume")
-            return {}
-    scheduler.last_epoch = start_epoch - 1
-
-    # ---- DDP: SyncBatchNorm on request, then wrap; DDP broadcasts rank 0's weights ----
-    if info.distributed:
-        if opt.sync_bn:
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device)
-            du.LOGGER.info("using SyncBatchNorm")
-        model = DDP(model, device_ids=[device.index] if cuda else None)
+        done, total = transfer_weights(model, ckpt["model"])
+        du.LOGGER.info(f"transferred {done}/{total} tensors from {opt.weights}")
+    freeze_layers(model, freeze_indices(opt.freeze))
+    gs = grid_size(model)
+    opt.imgsz = opt.imgsz or defaults.get("imgsz", 640)
+    imgsz = check_img_size(opt.imgsz, gs)
 
     # ---- loaders: each process loads batch_size / world_size images per step ----
-    batch_per_rank = opt.batch_size // info.world_size
+    batch = opt.batch_size // info.world_size
+    common = dict(single_cls=opt.single_cls, hyp=hyp, cache=opt.cache, rank=info.local_rank, workers=opt.workers)
     train_loader, dataset = create_dataloader(
-        data["train"],
-        imgsz,
-        batch_per_rank,
-        grid_size,
-        single_cls=opt.single_cls,
-        hyp=hyp,
-        augment=True,
-        cache=opt.cache,
-        rect=opt.rect,
-        rank=info.local_rank,
-        workers=opt.workers,
-        image_weights=opt.image_weights,
-        quad=opt.quad,
-        prefix="train: ",
-        shuffle=True,
-        seed=opt.seed,
-    )
-    val_loader, _ = create_val_dataloader(
-        data["val"],
-        imgsz,
-        batch_per_rank * 2,
-        grid_size,
-        single_cls=opt.single_cls,
-        hyp=hyp,
-        cache=opt.cache,
-        rank=info.local_rank,
-        workers=opt.workers,
-        prefix="val: ",
-    )
-    max_label_class = max((int(lb[:, 0].max()) for lb in dataset.labels if len(lb)), default=0)
-    if max_label_class >= nc:
-        raise SystemExit(f"{opt.data}: a label has class {max_label_class}, but nc={nc}")
+        data["train"], imgsz, batch, gs, augment=True, rect=opt.rect, image_weights=opt.image_weights,
+        quad=opt.quad, prefix="train: ", shuffle=True, seed=opt.seed, **common,
+    )  # fmt: skip
+    val_loader, _ = create_val_dataloader(data["val"], imgsz, batch * 2, gs, prefix="val: ", **common)
+    dataset.check_classes(nc, opt.data)  # a label class >= nc: one line naming the label file
+    make_run_dir(opt, info, hyp)
+    return SimpleNamespace(
+        device=device, info=info, ckpt=ckpt, hyp=hyp, nc=nc, names=names, model=model, gs=gs, imgsz=imgsz,
+        batch=batch, dataset=dataset, train_loader=train_loader, val_loader=val_loader,
+    )  # fmt: skip
 
-    # ---- loss gains scale with the number of levels, classes and the image size ----
-    nl = de_parallel(model).model[-1].nl
-    hyp["box"] *= 3 / nl
-    hyp["cls"] *= nc / 80 * 3 / nl
-    hyp["obj"] *= (imgsz / 640) ** 2 * 3 / nl
-    hyp["label_smoothing"] = opt.label_smoothing
-    if ckpt is None:
-        labels = np.concatenate([lb for lb in dataset.labels if len(lb)] or [np.zeros((0, 5))])
-        class_frequency = torch.from_numpy(np.bincount(labels[:, 0].astype(int), minlength=nc)).float()
-        de_parallel(model).initialize_biases(class_frequency)
-        ema = ModelEMA(de_parallel(model))  # the EMA starts from the initialised biases
-    compute_loss = ComputeLoss(model, hyp)
 
-    # ---- logging, rank 0 only ----
-    logger = ResultsLogger(save_dir, start_epoch=start_epoch)  # writes on rank 0 only
-    if start_epoch == 0:
-        plot_labels(dataset.labels, names, save_dir)
-    stopper = EarlyStopping(patience=opt.patience)
+def make_run_dir(opt: argparse.Namespace, info: du.DistInfo, hyp: dict) -> None:
+    """Rank 0 claims project/nameN (unless resuming) and records the options and hyperparameters used."""
+    if not opt.resume:
+        run_dir = Path(opt.project) / opt.name
+        new_dir = engine.increment_path(run_dir, exist_ok=opt.exist_ok, mkdir=True) if info.is_main else None
+        opt.save_dir = str(du.broadcast_object(new_dir))
+    if info.is_main:
+        engine.yaml_save(Path(opt.save_dir) / "hyp.yaml", hyp)
+        engine.yaml_save(Path(opt.save_dir) / "opt.yaml", vars(opt))
+        du.LOGGER.info("hyperparameters: " + ", ".join(f"{k}={v}" for k, v in hyp.items()))
+
+
+def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> SimpleNamespace:
+    """Optimizer, schedule, EMA, loss and the DDP wrapper; a resumed run's state put back."""
+    model, hyp, cuda = run.model, run.hyp, run.device.type == "cuda"
+    # ---- optimizer: gradients accumulate up to the nominal batch size, decay scales with it ----
+    nbs = int(hyp.get("nbs", engine.NBS))
+    accumulate = engine.accumulate_steps(opt.batch_size, nbs)
+    weight_decay = engine.scaled_weight_decay(hyp["weight_decay"], opt.batch_size, accumulate, nbs)
+    optimizer = engine.smart_optimizer(model, opt.optimizer, hyp["lr0"], hyp["momentum"], weight_decay)
+    lf = engine.lr_lambda(hyp["lrf"], opt.epochs, cos_lr=opt.cos_lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
+    ema = engine.ModelEMA(model)
+    scaler = torch.amp.GradScaler("cuda", enabled=opt.amp == "fp16")  # bf16 needs no loss scaling
+    start_epoch, best_fitness = 0, 0.0
+    if opt.resume:
+        start_epoch, best_fitness = engine.restore_training(run.ckpt, model, optimizer, ema, scaler)
+    scheduler.last_epoch = start_epoch - 1
+
+    # ---- loss: gains scaled to the model and size; class biases from the label counts ----
+    loss_hyp = scale_loss_gains(hyp, engine.de_parallel(model).model[-1].nl, run.nc, run.imgsz, opt.label_smoothing)
+    if run.ckpt is None:
+        ema = engine.init_class_biases(model, run.dataset.labels, run.nc)  # the EMA starts from these biases
+    compute_loss = ComputeLoss(model, loss_hyp)
+
+    # ---- channels_last (CUDA) and compile on request, SyncBatchNorm, then DDP (it broadcasts rank 0's weights) ----
+    if cuda:  # convolutions run much faster so on CUDA (not on the CPU: there it changes nothing we need)
+        model, ema.ema = model.to(memory_format=torch.channels_last), ema.ema.to(memory_format=torch.channels_last)
+    if opt.compile:
+        model.compile()  # in place: parameter names and checkpoints stay as they are
+    if info.distributed:
+        if opt.sync_bn:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(run.device)
+        model = DDP(model, device_ids=[run.device.index] if cuda else None)
+    warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
+                           hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
+    multi_scale = (run.imgsz, run.gs) if opt.multi_scale else None
+    step = engine.TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, opt.amp,
+                            info.world_size, multi_scale, channels_last=cuda)  # fmt: skip
+    return SimpleNamespace(step=step, scheduler=scheduler, start_epoch=start_epoch, best_fitness=best_fitness)
+
+
+def train(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> dict:
+    save_dir, fit = Path(opt.save_dir), build_training(run, opt, info)
+    step, start_epoch, best_fitness = fit.step, fit.start_epoch, fit.best_fitness
+    if start_epoch >= opt.epochs:
+        du.LOGGER.info(f"{opt.resume} has finished all {opt.epochs} epochs: nothing to resume")
+        return {}
+
+    # ---- logging and checkpoints (they write on rank 0 only) ----
+    logger = engine.ResultsLogger(save_dir, start_epoch=start_epoch)
+    if start_epoch == 0 and not opt.noplots:
+        engine.plot_labels(run.dataset.labels, run.names, save_dir)
+    stopper = engine.EarlyStopping(patience=opt.patience)
     if start_epoch:
         stopper.best_fitness, stopper.best_epoch = best_fitness, start_epoch - 1
-    nb = len(train_loader)
-    warmup = Warmup(
-        optimizer,
-        lf,
-        nb,
-        hyp["warmup_epochs"],
-        hyp["warmup_bias_lr"],
-        hyp["warmup_momentum"],
-        hyp["momentum"],
-        min_iters=int(hyp.get("warmup_min_iters", 100)),
-    )
+    checkpoints = engine.Checkpointer(save_dir, opt, run.hyp, save_period=opt.save_period)
     du.LOGGER.info(
-        f"image size {imgsz}, {info.world_size} process(es) x {batch_per_rank} images, accumulate {accumulate}, "
-        f"{len(dataset)} training images, {opt.epochs} epochs, logging to {save_dir}"
+        f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch} images, accumulate {step.accumulate}, "
+        f"amp {opt.amp}, {len(run.dataset)} training images, {opt.epochs} epochs, logging to {save_dir}"
     )
 
     # ---- the training loop ----
-    metrics, val_loss = {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}, torch.zeros(3)
-    last_opt_step = -1
-    preemption = PreemptionHandler()
-    epoch = start_epoch
-    with preemption:
+    # the last validation's (metrics, val_loss): epochs skipped by --noval report them again, as results.csv did
+    last_val, epoch = ({"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}, torch.zeros(3)), start_epoch
+    with engine.PreemptionHandler() as preemption:
         for epoch in range(start_epoch, opt.epochs):
-            model.train()
-            train_loader.set_epoch(epoch)
-            mloss = torch.zeros(3, device=device)
-            data_time = compute_time = 0.0
-            pbar = enumerate(train_loader)
-            if main_process:
-                pbar = tqdm(pbar, total=nb, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
-            optimizer.zero_grad()
-            t_data = time.perf_counter()
-            for i, (imgs_uint8, targets, paths, _shapes) in pbar:
-                ni = i + nb * epoch  # integrated batches since the start of training
-                imgs = imgs_uint8.to(device, non_blocking=True).float() / 255
-                t_compute = time.perf_counter()
-                data_time += t_compute - t_data
-                warmup.step(ni, epoch)
-                accumulate = warmup.accumulate(ni, accumulate_steps(opt.batch_size, nbs))
-
-                if opt.multi_scale:
-                    size = random.randrange(int(imgsz * 0.5), int(imgsz * 1.5) + grid_size) // grid_size * grid_size
-                    factor = size / max(imgs.shape[2:])
-                    if factor != 1:
-                        new_shape = [math.ceil(x * factor / grid_size) * grid_size for x in imgs.shape[2:]]
-                        imgs = torch.nn.functional.interpolate(imgs, size=new_shape, mode="bilinear")
-
-                with torch.autocast(device.type, enabled=cuda):
-                    pred = model(imgs)
-                    loss, loss_items = compute_loss(pred, targets.to(device))
-                    if info.distributed:
-                        loss *= info.world_size  # DDP averages gradients; the loss is a per-image sum
-                scaler.scale(loss).backward()
-
-                if ni - last_opt_step >= accumulate:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-                    scaler.step(optimizer)
-                    scaler.update()
-                    optimizer.zero_grad()
-                    ema.update(model)
-                    last_opt_step = ni
-
-                mloss = (mloss * i + loss_items) / (i + 1)
-                compute_time += du.time_synchronized(device) - t_compute
-                if main_process:
-                    memory = f"{torch.cuda.memory_reserved(device) / 2**30:.2f}G" if cuda else "-"
-                    pbar.set_description(
-                        f"{epoch + 1}/{opt.epochs} mem {memory} box {mloss[0]:.4f} obj {mloss[1]:.4f} "
-                        f"cls {mloss[2]:.4f} inst {targets.shape[0]} size {imgs.shape[-1]}"
-                    )
-                    if epoch == start_epoch and i < 3:
-                        plot_images(imgs_uint8, targets, save_dir / f"train_batch{i}.jpg", paths, names)
-                if preemption.requested_anywhere():
-                    break
-                t_data = time.perf_counter()
-
-            lrs = [group["lr"] for group in optimizer.param_groups]
-            scheduler.step()
-            train_loss = du.reduce_tensor(mloss, op="mean").cpu()
+            run.train_loader.set_epoch(epoch)
+            plot = plot_first_batches(save_dir, run.names, info.is_main and epoch == start_epoch and not opt.noplots)
+            stats = engine.train_one_epoch(step, run.train_loader, epoch, run.device, epochs=opt.epochs,
+                                           preemption=preemption, progress=info.is_main, on_batch=plot)  # fmt: skip
+            lrs = [group["lr"] for group in step.optimizer.param_groups]
+            fit.scheduler.step()
+            train_loss = du.reduce_tensor(stats.loss, op="mean").cpu()
             if preemption.requested_anywhere():
                 # the epoch is incomplete: save the previous one's state so resume redoes this epoch
-                save_run(last, model, ema, optimizer, scaler, epoch - 1, best_fitness, opt, hyp)
-                if main_process:
-                    du.LOGGER.warning(
-                        f"stopped by a signal during epoch {epoch + 1}: saved {last}; "
-                        f"continue with: python train.py --resume {last}"
-                    )
+                checkpoints.save(epoch - 1, step.model, step.ema, step.optimizer, step.scaler, best_fitness,
+                                 periodic=False)  # fmt: skip
+                du.LOGGER.warning(f"stopped by a signal during epoch {epoch + 1}: saved {checkpoints.last}; "
+                                  f"continue with: python train.py --resume {checkpoints.last}")  # fmt: skip
                 break
-
-            # ---- validate on every rank's shard with the EMA weights; rank 0 computes mAP ----
-            final_epoch = epoch + 1 == opt.epochs
-            if not opt.noval or final_epoch:
-                ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
-                metrics, val_loss = evaluate(ema.ema, val_loader, compute_loss=compute_loss, device=device)
-            fit = fitness(metrics)
-            stop = should_stop_everywhere(stopper(epoch, fit))
-            best_fitness = max(best_fitness, fit)
-            logger.log(epoch, results_values(train_loss, metrics, val_loss, lrs))
-            if main_process:
-                du.LOGGER.info(
-                    f"epoch {epoch + 1}: P {metrics['precision']:.3f} R {metrics['recall']:.3f} "
-                    f"mAP@0.5 {metrics['map50']:.3f} mAP@0.5:0.95 {metrics['map']:.3f} "
-                    f"(data {data_time:.1f}s, compute {compute_time:.1f}s)"
-                )
-            if not opt.nosave or final_epoch or stop:
-                save_run(last, model, ema, optimizer, scaler, epoch, best_fitness, opt, hyp)
-                if best_fitness == fit:
-                    save_run(best, model, ema, optimizer, scaler, epoch, best_fitness, opt, hyp)
-                if opt.save_period > 0 and (epoch + 1) % opt.save_period == 0:
-                    save_run(
-                        weights_dir / f"epoch{epoch}.pt", model, ema, optimizer, scaler, epoch, best_fitness, opt, hyp
-                    )
+            last_val, best_fitness, stop = validate_and_checkpoint(
+                run, opt, epoch, step, stats, train_loss, lrs, logger, stopper, checkpoints, best_fitness, last_val
+            )
             if stop:
                 break
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
     logger.close()
-    if main_process and not preemption.requested():
-        if best.exists():
-            strip_optimizer(best)
-        plot_results(save_dir / "results.csv")
-        du.LOGGER.info(
-            f"{epoch - start_epoch + 1} epochs done; results in {save_dir}; "
-            f"final mAP@0.5 {metrics['map50']:.3f}, mAP@0.5:0.95 {metrics['map']:.3f}"
-        )
+    metrics = last_val[0]
+    if info.is_main and not preemption.requested():
+        if checkpoints.best.exists():
+            engine.strip_optimizer(checkpoints.best)
+        if not opt.noplots:
+            engine.plot_results(save_dir / "results.csv")
+        du.LOGGER.info(f"{epoch - start_epoch + 1} epochs done; results in {save_dir}; "
+                       f"final mAP@0.5 {metrics['map50']:.3f}, mAP@0.5:0.95 {metrics['map']:.3f}")  # fmt: skip
     return metrics
 
 
-def save_run(path, model, ema, optimizer, scaler, epoch, best_fitness, opt, hyp) -> None:
-    """Rank 0 writes the checkpoint atomically (EMA weights, plus the raw ones to resume exactly)."""
-    if not du.is_main_process():
-        return
-    ckpt = build_checkpoint(
-        ema.ema,
-        optimizer=optimizer,
-        scaler=scaler if scaler.is_enabled() else None,
-        ema_updates=ema.updates,
-        epoch=epoch,
-        best_fitness=best_fitness,
-        opt=vars(opt),
-        hyp=hyp,
+def plot_first_batches(save_dir: Path, names: dict, enabled: bool):
+    """A ``engine.train_one_epoch`` callback drawing the first three batches to train_batch{i}.jpg."""
+
+    def plot(i: int, imgs_uint8: torch.Tensor, targets: torch.Tensor, paths: list[str]) -> None:
+        if i < 3:
+            engine.plot_images(imgs_uint8, targets, save_dir / f"train_batch{i}.jpg", paths, names)
+
+    return plot if enabled else None
+
+
+def validate_and_checkpoint(run, opt, epoch, step, stats, train_loss, lrs, logger, stopper, checkpoints,
+                            best_fitness, last_val) -> tuple[tuple, float, bool]:  # fmt: skip
+    """Validate with the EMA weights on every rank's shard, log one line, save; returns (last_val, best, stop)."""
+    final_epoch = epoch + 1 == opt.epochs
+    metrics, val_loss = last_val
+    if not opt.noval or final_epoch:
+        step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
+        metrics, val_loss = evaluate(step.ema.ema, run.val_loader, step.compute_loss, device=run.device, verbose=False)
+    fit = fitness(metrics)
+    stop = engine.should_stop_everywhere(stopper(epoch, fit))
+    best_fitness = max(best_fitness, fit)
+    logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs))
+    box, obj, cls = train_loss.tolist()
+    du.LOGGER.info(
+        f"epoch {epoch + 1}/{opt.epochs}: loss {box:.4f} {obj:.4f} {cls:.4f}, P {metrics['precision']:.3f} "
+        f"R {metrics['recall']:.3f} mAP@0.5 {metrics['map50']:.3f} mAP@0.5:0.95 {metrics['map']:.3f}, "
+        f"{stats.speed(run.info.world_size)}"
     )
-    ckpt["train_model"] = de_parallel(model).state_dict()
-    save_checkpoint(ckpt, path)
+    if not opt.nosave or final_epoch or stop:
+        model, ema, optimizer, scaler = step.model, step.ema, step.optimizer, step.scaler
+        checkpoints.save(epoch, model, ema, optimizer, scaler, best_fitness, best=best_fitness == fit)
+    return (metrics, val_loss), best_fitness, stop
 
 
 if __name__ == "__main__":
-    main(parse_opt())
+    with contextlib.suppress(BrokenPipeError):
+        main(parse_opt())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from ddp_utils.data import make_shapes_dataset
 from ddp_utils.engine import load_checkpoint
 
 from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, kill_tree, launcher_env
@@ -42,7 +45,7 @@ def train_args(data: Path, project: Path, *extra: str) -> list[str]:
     return [
         "train.py", "--data", str(data), "--cfg", "yolov5n.yaml", "--hyp", "hyp.shapes.yaml",
         "--imgsz", str(TINY["imgsz"]), "--batch-size", "8", "--workers", "1", "--project", str(project),
-        "--name", "run", *extra,
+        "--name", "run", "--device", "cpu", *extra,
     ]  # fmt: skip
 
 
@@ -100,6 +103,10 @@ def test_single_process_two_epochs(tmp_path):
     assert result.returncode == 0, describe([result])
     assert_run_outputs(tmp_path / "runs" / "run", epochs=2)
     assert "final mAP@0.5" in result.stderr
+    # one line per epoch, in a form benchmarks parse; evaluate's own summary line is not repeated
+    epoch_lines = re.findall(r"^epoch (\d+)/2: loss .* (\d+\.\d) img/s, data wait (\d+\.\d)%$", result.stderr, re.M)
+    assert [line[0] for line in epoch_lines] == ["1", "2"], result.stderr
+    assert not re.search(r"val: \d+ images, \d+ labels: P", result.stderr), result.stderr
 
 
 @pytest.mark.slow
@@ -226,8 +233,8 @@ def test_bad_combinations_fail_before_any_process_group(args, env, message, tmp_
     launch_env = train_env()
     if env:
         launch_env.update(RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1", **env)
-    result = run([sys.executable, "train.py", *args, "--project", str(tmp_path)], launch_env, 100)
-    assert result.returncode != 0 and message in result.stderr, describe([result])
+    result = run([sys.executable, "train.py", *args, "--device", "cpu", "--project", str(tmp_path)], launch_env, 100)
+    assert result.returncode == 2 and message in result.stderr, describe([result])
     assert "process group" not in result.stderr
 
 
@@ -265,3 +272,41 @@ def test_sigterm_saves_a_checkpoint_and_every_process_exits(tmp_path, nproc):
     assert nproc == 2 or "Traceback" not in result.stderr
     assert load_checkpoint(last)["epoch"] >= saved_epoch  # the newest state, whole
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "processes outlived the job"
+
+
+def _user_error_case(case: str, tmp_path: Path) -> tuple[list[str], str]:
+    """The arguments of one user mistake, and what its message must name."""
+    if case == "missing data path":
+        data = tmp_path / "gone.yaml"
+        data.write_text(f"path: {tmp_path / 'nowhere'}\ntrain: images/train\nval: images/val\nnames: {{0: a}}\n")
+        return ["--data", str(data)], str(tmp_path / "nowhere")
+    if case == "device not here":
+        return ["--device", "3"], "device '3'"
+    if case == "resume of a missing file":
+        return ["--resume", str(tmp_path / "old" / "last.pt")], str(tmp_path / "old" / "last.pt")
+    if case == "unreadable checkpoint":
+        (tmp_path / "junk.pt").write_bytes(b"not a checkpoint" * 64)
+        return ["--weights", str(tmp_path / "junk.pt")], str(tmp_path / "junk.pt")
+    make_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=2, size=(64, 96), seed=0)  # classes 0..3
+    data = tmp_path / "two.yaml"
+    data.write_text(f"path: {tmp_path / 'shapes'}\ntrain: images/train\nval: images/val\nnames: {{0: a, 1: b}}\n")
+    return ["--data", str(data), "--imgsz", "64", "--batch-size", "2", "--workers", "0"], ".txt: class"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "case",
+    ["missing data path", "device not here", "resume of a missing file", "unreadable checkpoint", "label class >= nc"],
+)
+def test_user_errors_are_one_line_exit_2_and_leave_no_run_directory(case, tmp_path):
+    if case == "device not here" and torch.cuda.device_count() > 3:
+        pytest.skip("this host has a CUDA device 3")
+    args, named = _user_error_case(case, tmp_path)
+    project = tmp_path / "runs"
+    cmd = [sys.executable, "train.py", "--device", "cpu", "--epochs", "1", "--project", str(project), *args]
+    result = run(cmd, train_env(), 130)
+    assert result.returncode == 2, describe([result])
+    assert "Traceback" not in result.stderr, describe([result])
+    errors = [line for line in result.stderr.splitlines() if "train.py: error:" in line]
+    assert len(errors) == 1 and named in errors[0], describe([result])
+    assert not project.exists() or not any(project.iterdir()), sorted(project.rglob("*"))

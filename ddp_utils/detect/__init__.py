@@ -3,7 +3,7 @@
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
 from .evaluate import evaluate
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
-from .loss import ComputeLoss, FocalLoss, smooth_bce
+from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_bce
 from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
 from .ops import (
@@ -16,8 +16,15 @@ from .ops import (
     xyxy2xywh,
     xyxy2xywhn,
 )
+from .weights import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 __all__ = [
+    "transfer_weights",
+    "scale_loss_gains",
+    "grid_size",
+    "freeze_layers",
+    "freeze_indices",
+    "check_img_size",
     "C3",
     "MODULES",
     "SPP",

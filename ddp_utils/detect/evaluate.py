@@ -92,6 +92,7 @@ def evaluate(
     max_det: int = 300,
     device: torch.device | str | None = None,
     half: bool = False,
+    verbose: bool = True,
 ) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
@@ -108,6 +109,7 @@ def evaluate(
             all 300 it keeps; COCO's official protocol stops at 100: pass 100 for that).
         device: where the batches go (the model must already be there); None uses the model's device.
         half: run in float16 autocast (CUDA only; ignored on the CPU).
+        verbose: log the "val: ..." summary line on rank 0 (train.py logs one line per epoch of its own).
 
     Returns:
         ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.detect.metrics.DetectionMetrics`
@@ -162,7 +164,7 @@ def evaluate(
         try:
             unique = _unique(everything)
             metrics = coco_metrics(unique, max_dets=max_det)
-            LOGGER.info(
+            (LOGGER.info if verbose else LOGGER.debug)(
                 f"val: {metrics.images} images, {metrics.instances} labels: P {metrics['precision']:.3f} "
                 f"R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} mAP50-95 {metrics['map']:.3f}"
             )

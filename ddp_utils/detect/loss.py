@@ -326,3 +326,35 @@ def _scatter_last(
     last = last[:cells]
     padded = torch.cat((values, values.new_zeros(1)))  # position -1 reads the 0 at the end
     return padded[last].view(shape)
+
+
+def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int, label_smoothing: float = 0.0) -> dict:
+    """The loss gains of ``hyp`` scaled to a model and image size, as a new dict (``hyp`` is unchanged).
+
+    The gains in a hyp yaml are tuned for 3 detection levels, 80 classes and 640 px images:
+    the box gain scales with 3 / levels, the class gain also with classes / 80, and the
+    objectness gain with (imgsz / 640)^2, since the number of grid cells grows with the area.
+
+    Args:
+        hyp: hyperparameters with "box", "cls" and "obj".
+        nl: the number of detection levels (``Detect.nl``).
+        nc: the number of classes.
+        imgsz: the training image size in pixels.
+        label_smoothing: stored as ``"label_smoothing"`` for :class:`ComputeLoss`.
+
+    Returns:
+        A copy of ``hyp`` with the scaled gains.
+
+    Examples:
+        >>> hyp = {"box": 0.05, "cls": 0.5, "obj": 1.0}
+        >>> scaled = scale_loss_gains(hyp, nl=3, nc=80, imgsz=320)
+        >>> scaled["obj"], scaled["label_smoothing"], hyp["obj"]
+        (0.25, 0.0, 1.0)
+    """
+    scaled = dict(hyp)
+    # the factors are computed first, as YOLOv5's in-place `*=` does, so the floats are the same
+    scaled["box"] = hyp["box"] * (3 / nl)
+    scaled["cls"] = hyp["cls"] * (nc / 80 * 3 / nl)
+    scaled["obj"] = hyp["obj"] * ((imgsz / 640) ** 2 * 3 / nl)
+    scaled["label_smoothing"] = label_smoothing
+    return scaled

@@ -1,6 +1,7 @@
 """What a training loop needs beyond the data and the model.
 
-EMA weights, atomic checkpoints, early stopping, the optimizer with its schedule and
+``train_one_epoch`` (the step, accumulation, AMP, timing), EMA weights, atomic checkpoints
+(``Checkpointer`` owns a run's last/best/epochN), early stopping, the optimizer with its schedule and
 warm-up, the run directory and its results (csv, plots, TensorBoard), and a SIGTERM flag
 so a preempted run saves and stops cleanly. Writers act on the main process only and
 return at once elsewhere, so every call below can run on every rank, except
@@ -46,10 +47,12 @@ How a training script uses it (names as in YOLOv5's train.py)::
 
 from .checkpoint import (
     CHECKPOINT_KEYS,
+    Checkpointer,
     CheckpointError,
     CheckpointWriteError,
     UnsafeCheckpointError,
     atomic_torch_save,
+    atomic_write_bytes,
     build_checkpoint,
     check_plain,
     latest_checkpoint,
@@ -78,13 +81,32 @@ from .optim import (
 )
 from .plots import class_color, plot_images, plot_labels, plot_results
 from .signals import PreemptionHandler
+from .trainer import (
+    AMP_DTYPES,
+    EpochStats,
+    TrainStep,
+    class_frequency,
+    init_class_biases,
+    multi_scale_resize,
+    resolve_amp,
+    train_one_epoch,
+)
 
 __all__ = [
+    "train_one_epoch",
+    "resolve_amp",
+    "multi_scale_resize",
+    "init_class_biases",
+    "class_frequency",
+    "TrainStep",
+    "EpochStats",
+    "AMP_DTYPES",
     "CHECKPOINT_KEYS",
     "NBS",
     "OPTIMIZERS",
     "RESULTS_COLUMNS",
     "CheckpointError",
+    "Checkpointer",
     "CheckpointWriteError",
     "EarlyStopping",
     "ModelEMA",
@@ -94,6 +116,7 @@ __all__ = [
     "Warmup",
     "accumulate_steps",
     "atomic_torch_save",
+    "atomic_write_bytes",
     "build_checkpoint",
     "check_plain",
     "class_color",

@@ -8,8 +8,8 @@ and a file from the internet cannot run code on load. :func:`build_checkpoint` m
     ============== =============================================================
     model          EMA (or model) ``state_dict()``: fp32 tensors, fp16 after
                    :func:`strip_optimizer`
-    train_model    optional: the raw training weights beside the EMA's, so a resumed
-                   run continues exactly; dropped by :func:`strip_optimizer`
+    train_model    the raw training weights beside the EMA's, so a resumed run continues
+                   exactly, or None; dropped by :func:`strip_optimizer`
     model_cfg      the model yaml as a dict (rebuild with ``Model(ckpt["model_cfg"])``)
     optimizer      ``optimizer.state_dict()``, or None after :func:`strip_optimizer`
     scaler         ``GradScaler.state_dict()`` or None
@@ -21,6 +21,10 @@ and a file from the internet cannot run code on load. :func:`build_checkpoint` m
     date           ISO 8601 time of saving (UTC)
     version        the ddp_utils version that wrote it
     ============== =============================================================
+
+:class:`Checkpointer` is what a training loop uses: it owns a run's ``last.pt``,
+``best.pt`` and ``epochN.pt``, builds the checkpoint once per epoch and writes the same
+bytes to each file that is due.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import enum
 import errno
 import glob
 import importlib
+import io
 import os
 import pickle
 import re
@@ -39,7 +44,7 @@ import warnings
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import torch
 from torch import nn
@@ -50,6 +55,7 @@ from .modules import de_parallel
 
 CHECKPOINT_KEYS = (
     "model",
+    "train_model",
     "model_cfg",
     "optimizer",
     "scaler",
@@ -133,6 +139,7 @@ def check_plain(obj: Any, where: str = "ckpt") -> None:
 def build_checkpoint(
     model: nn.Module,
     *,
+    train_model: nn.Module | None = None,
     model_cfg: Mapping[str, Any] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     scaler: Any | None = None,
@@ -146,6 +153,8 @@ def build_checkpoint(
 
     Args:
         model: the model to store, usually ``ema.ema``; wrappers are looked through.
+        train_model: the raw model being trained, stored beside the EMA's weights so a resumed
+            run continues exactly (None: the key holds None).
         model_cfg: the model's yaml dict; defaults to ``model.yaml`` when the model has one.
         optimizer: its ``state_dict()`` is stored.
         scaler: a GradScaler (its ``state_dict()`` is stored) or None.
@@ -170,6 +179,11 @@ def build_checkpoint(
         model_cfg = getattr(model, "yaml", None)
     return {
         "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "train_model": (
+            {k: v.detach().clone() for k, v in de_parallel(train_model).state_dict().items()}
+            if train_model is not None
+            else None
+        ),
         "model_cfg": to_plain(model_cfg),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
@@ -235,6 +249,19 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
         CheckpointWriteError: the write failed (e.g. ENOSPC); the message names the target,
             the cause and whether a previous file is intact there. ``errno`` is the cause's.
     """
+    return _atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_bytes(data: bytes, path: str | Path) -> Path:
+    """Write ``data`` (e.g. a checkpoint serialised once) atomically, as :func:`atomic_torch_save` does.
+
+    Raises:
+        CheckpointWriteError: the write failed; the previous file at ``path`` is intact.
+    """
+    return _atomic_write(path, lambda f: f.write(data))
+
+
+def _atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
     path = Path(path)
     tmp_name: str | None = None
     try:
@@ -242,7 +269,7 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
         _remove_stale_temps(path)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
@@ -535,3 +562,95 @@ def latest_checkpoint(project: str | Path, run_key: str | None = None) -> Path |
         if recorded == run_key:
             return candidate
     return None
+
+
+class Checkpointer:
+    """Own a run's checkpoint files: ``weights/last.pt``, ``best.pt`` and ``epochN.pt``.
+
+    Each :meth:`save` builds the checkpoint once (EMA weights, the raw training weights,
+    optimizer, scaler, options, hyperparameters), serialises it once, and writes the same
+    bytes atomically to every file that is due. Only the main process writes; elsewhere
+    :meth:`save` returns an empty list at once, so every rank may call it.
+
+    Args:
+        save_dir: the run directory; files go to ``save_dir/weights``.
+        opt: the run's options (stored in every checkpoint).
+        hyp: the hyperparameters the run used (stored as given: the same as ``hyp.yaml``).
+        save_period: also keep ``epoch{N}.pt`` every ``save_period`` epochs (<= 0: never).
+
+    Examples:
+        >>> import tempfile
+        >>> from ddp_utils.engine import ModelEMA
+        >>> model = nn.Linear(2, 1)
+        >>> ckpts = Checkpointer(tempfile.mkdtemp(), opt={"epochs": 3}, hyp={"lr0": 0.01}, save_period=1)
+        >>> [p.name for p in ckpts.save(0, model, ModelEMA(model), best=True)]
+        ['last.pt', 'best.pt', 'epoch0.pt']
+    """
+
+    def __init__(
+        self, save_dir: str | Path, opt: Any = None, hyp: Mapping[str, Any] | None = None, save_period: int = -1
+    ) -> None:
+        self.weights_dir = Path(save_dir) / "weights"
+        self.last = self.weights_dir / "last.pt"
+        self.best = self.weights_dir / "best.pt"
+        self.opt = to_plain(opt) if opt is not None else {}
+        self.hyp = to_plain(dict(hyp)) if hyp is not None else {}
+        self.save_period = int(save_period)
+
+    def targets(self, epoch: int, best: bool = False, periodic: bool = True) -> list[Path]:
+        """The files a save after ``epoch`` writes: last, then best when ``best``, then epochN when due."""
+        paths = [self.last]
+        if best:
+            paths.append(self.best)
+        if periodic and self.save_period > 0 and (epoch + 1) % self.save_period == 0:
+            paths.append(self.weights_dir / f"epoch{epoch}.pt")
+        return paths
+
+    def save(
+        self,
+        epoch: int,
+        model: nn.Module,
+        ema: Any,
+        optimizer: torch.optim.Optimizer | None = None,
+        scaler: Any | None = None,
+        best_fitness: float = 0.0,
+        best: bool = False,
+        periodic: bool = True,
+    ) -> list[Path]:
+        """Write the checkpoint of ``epoch`` to last.pt (and best.pt, epochN.pt when due).
+
+        Args:
+            epoch: the last finished epoch (-1: none yet; resuming redoes epoch 0).
+            model: the model being trained (wrappers are looked through).
+            ema: its :class:`~ddp_utils.engine.ModelEMA`; ``ema.ema`` is the checkpoint's ``model``.
+            optimizer: its state is stored for resuming.
+            scaler: a GradScaler; stored only when enabled.
+            best_fitness: the best fitness so far.
+            best: this epoch is the best so far: also write best.pt.
+            periodic: whether epochN.pt may be due (False for a save of an interrupted epoch).
+
+        Returns:
+            The paths written (empty on other ranks).
+
+        Raises:
+            CheckpointWriteError: a write failed; the previous file there is intact.
+        """
+        if not is_main_process():
+            return []
+        enabled = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
+        ckpt = build_checkpoint(
+            ema.ema,
+            train_model=model,
+            optimizer=optimizer,
+            scaler=scaler if enabled else None,
+            ema_updates=ema.updates,
+            epoch=epoch,
+            best_fitness=best_fitness,
+            opt=self.opt,
+            hyp=self.hyp,
+        )
+        check_plain(ckpt)
+        buffer = io.BytesIO()
+        torch.save(ckpt, buffer)
+        data = buffer.getvalue()
+        return [atomic_write_bytes(data, path) for path in self.targets(epoch, best, periodic)]

@@ -2,8 +2,10 @@
 
 Killed in the middle of a step, a run loses everything since its last checkpoint. With
 :class:`PreemptionHandler` the signal only sets a flag; the train loop checks it once a
-step, every rank agrees on it with :meth:`PreemptionHandler.requested_anywhere`, rank 0
-saves ``last.pt`` and all ranks leave the loop together and exit cleanly.
+step, every rank agrees on it with :meth:`PreemptionHandler.requested_anywhere` (a blocking
+all-reduce) or, inside a GPU loop that must not wait, :meth:`PreemptionHandler.poll` (the
+all-reduce of one step read at the next), rank 0 saves ``last.pt`` and all ranks leave the
+loop together and exit cleanly.
 
 A second delivery of the same signal gives it back its previous behaviour (for SIGTERM
 and SIGINT by default: terminate), so a second Ctrl-C still stops a stuck run.
@@ -18,8 +20,9 @@ from types import FrameType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from ..dist import reduce_tensor
+from ..dist import is_dist_initialized, reduce_tensor
 from ..log import LOGGER
 
 
@@ -42,6 +45,7 @@ class PreemptionHandler:
         self.signals = tuple(signals)
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._pending: tuple[Any, torch.Tensor] | None = None
 
     def __enter__(self) -> PreemptionHandler:
         if threading.current_thread() is not threading.main_thread():
@@ -84,7 +88,43 @@ class PreemptionHandler:
     def requested_anywhere(self) -> bool:
         """True when any rank received one of the signals (a max all-reduce: every rank must call it).
 
-        Without a process group this is :meth:`requested`.
+        Without a process group this is :meth:`requested`. A :meth:`poll` still in flight is
+        settled first, so the collectives stay in the same order on every rank.
         """
+        earlier = self._settle()
         flag = torch.tensor([1.0 if self.requested() else 0.0])
-        return bool(reduce_tensor(flag, op="max").item() > 0)
+        return bool(reduce_tensor(flag, op="max").item() > 0) or earlier
+
+    def poll(self) -> bool:
+        """Whether any rank had received a signal at the previous call; every rank must call it at each step.
+
+        Each call starts a non-blocking max all-reduce of this process's flag and returns the
+        result of the one the previous call started, which has had a whole step to finish.
+        So the step never waits on the network, every rank sees a signal at the same call
+        (one step after the first rank noticed it), and a SIGTERM stops the loop within two
+        steps. On CUDA (NCCL) reading the result waits for the GPU to finish the previous
+        step only, while this step's kernels are already queued. Without a process group
+        this is :meth:`requested`, at once.
+
+        Examples:
+            >>> with PreemptionHandler() as preempt:
+            ...     stopped = [step for step in range(3) if preempt.poll()]
+            >>> stopped
+            []
+        """
+        if not is_dist_initialized():
+            return self.requested()
+        earlier = self._settle()
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        flag = torch.full((1,), 1.0 if self.requested() else 0.0, device=device)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        return earlier
+
+    def _settle(self) -> bool:
+        """Finish the all-reduce that :meth:`poll` started, if any, and return its answer."""
+        if self._pending is None:
+            return False
+        work, flag = self._pending
+        self._pending = None
+        work.wait()
+        return bool(flag.item() > 0)  # CPU-GPU sync point (NCCL): the previous step's result

@@ -18,6 +18,7 @@ from torch import nn
 
 from ddp_utils.engine import (
     CHECKPOINT_KEYS,
+    Checkpointer,
     CheckpointError,
     CheckpointWriteError,
     ModelEMA,
@@ -265,3 +266,37 @@ def test_latest_checkpoint_finds_the_newest_or_the_run_with_the_key(tmp_path):
     assert latest_checkpoint(tmp_path, run_key="job-a") == tmp_path / "exp" / "weights" / "last.pt"
     assert latest_checkpoint(tmp_path, run_key="job-z") is None
     assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_checkpointer_serialises_once_and_writes_the_same_bytes_to_each_file(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    ema = ModelEMA(model)
+    optimizer = smart_optimizer(model, "SGD", lr=0.01)
+    hyp = {"lr0": 0.01, "box": 0.05}
+    checkpoints = Checkpointer(tmp_path, opt=argparse.Namespace(epochs=5, save_dir=tmp_path), hyp=hyp, save_period=2)
+    saves = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: (saves.append(1), real_save(obj, f, *a, **k))[1])
+
+    written = checkpoints.save(1, model, ema, optimizer, torch.amp.GradScaler("cuda", enabled=False), 0.5, best=True)
+    assert [p.name for p in written] == ["last.pt", "best.pt", "epoch1.pt"] and len(saves) == 1
+    assert written[0].read_bytes() == written[1].read_bytes() == written[2].read_bytes()
+    ckpt = load_checkpoint(written[0])
+    assert set(ckpt) == set(CHECKPOINT_KEYS)  # every key it writes is a known one
+    assert ckpt["epoch"] == 1 and ckpt["best_fitness"] == 0.5 and ckpt["scaler"] is None
+    assert ckpt["hyp"] == hyp and ckpt["opt"] == {"epochs": 5, "save_dir": str(tmp_path)}
+    assert ckpt["train_model"].keys() == ckpt["model"].keys() and ckpt["optimizer"] is not None
+
+    # an interrupted epoch: last.pt only, whatever the period says
+    assert [p.name for p in checkpoints.save(2, model, ema, optimizer, None, 0.5, periodic=False)] == ["last.pt"]
+    assert [p.name for p in checkpoints.save(3, model, ema, optimizer)] == ["last.pt", "epoch3.pt"]
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["best.pt", "epoch1.pt", "epoch3.pt", "last.pt"]
+
+
+def test_checkpointer_writes_resume_exactly(tmp_path):
+    model, optimizer, scaler, ema = trained_state()
+    Checkpointer(tmp_path).save(0, model, ema, optimizer, scaler)
+    raw = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    restore_training(load_checkpoint(tmp_path / "weights" / "last.pt"), raw)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), raw.state_dict().values()))

@@ -79,3 +79,21 @@ def test_ddp_ranks_stop_together_and_only_rank0_saves(tmp_path):
     assert rank0["ema_updates"] == rank1["ema_updates"] == 4
     # rank 0's early-stop decision reached rank 1
     assert rank0["stop"] is True and rank1["stop"] is True
+
+
+def test_poll_without_a_process_group_is_the_local_flag():
+    with PreemptionHandler() as preempt:
+        assert not preempt.poll()
+        signal.raise_signal(signal.SIGTERM)
+        assert preempt.poll() and preempt.requested_anywhere()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_poll_stops_every_rank_at_the_same_step_one_after_the_signal():
+    workers = launch("tests.workers.engine_scenarios:poll_loop", nprocs=2, timeout=100, args=("20", "3"))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    rank0, rank1 = (last_json(w.stdout) for w in workers)
+    # rank 1's flag goes into the all-reduce started at step 3, whose answer is read at step 4
+    assert rank0["stopped_at"] == rank1["stopped_at"] == 4
+    assert rank0["anywhere"] is rank1["anywhere"] is True

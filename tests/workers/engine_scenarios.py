@@ -107,3 +107,76 @@ def ddp_engine(directory: str) -> None:
         )
     )
     du.cleanup()
+
+
+def poll_loop(steps: str = "20", signal_at: str = "3") -> None:
+    """Rank 1 gets SIGTERM at ``signal_at``; every rank polls (non-blocking) each step and records where it stopped."""
+    torch.set_num_threads(1)
+    info = du.init_distributed(backend="gloo", timeout=60)
+    stopped_at = None
+    with PreemptionHandler() as preempt:
+        for step in range(int(steps)):
+            if info.rank == 1 and step == int(signal_at):
+                os.kill(os.getpid(), signal.SIGTERM)
+            if preempt.poll():
+                stopped_at = step
+                break
+        anywhere = preempt.requested_anywhere()  # settles the poll still in flight, then agrees again
+    print(json.dumps({"rank": info.rank, "stopped_at": stopped_at, "anywhere": anywhere}))
+    du.cleanup()
+
+
+def _counting_allreduce(state: dict, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    state["calls"] += 1
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def no_sync_matches_synced(steps: str = "8", accumulate: str = "4") -> None:
+    """The same accumulated steps through TrainStep (no_sync between optimizer steps) and through an
+    always-synced loop: print both models' weights and how many gradient all-reduces each ran."""
+    from ddp_utils.engine import TrainStep
+
+    torch.set_num_threads(1)
+    info = du.init_distributed(backend="gloo", timeout=60)
+    nominal = int(accumulate)
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(small_model())
+        counter = {"calls": 0}
+        model.register_comm_hook(counter, _counting_allreduce)
+        return model, smart_optimizer(model, "SGD", lr=0.05, momentum=0.9), counter
+
+    def compute_loss(pred, targets):
+        loss = (pred - targets).square().sum()
+        return loss, loss.detach().repeat(3)
+
+    g = torch.Generator().manual_seed(7 + info.rank)
+    batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randn(4, 2, generator=g)) for _ in range(int(steps))]
+
+    model, optimizer, skipping = make()
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    step = TrainStep(model, optimizer, scaler, ModelEMA(model), compute_loss, nominal, world_size=info.world_size)
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(batches):
+        step(x, y, i, 0)
+
+    ref, ref_optimizer, synced = make()
+    ref_optimizer.zero_grad()
+    last_opt_step = -1
+    for i, (x, y) in enumerate(batches):
+        loss, _ = compute_loss(ref(x), y)
+        (loss * info.world_size).backward()  # the gradient all-reduce runs after every backward
+        if i - last_opt_step >= nominal:
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm=10.0)
+            ref_optimizer.step()
+            ref_optimizer.zero_grad()
+            last_opt_step = i
+    weights = [p.detach().flatten().tolist() for p in model.parameters()]
+    reference = [p.detach().flatten().tolist() for p in ref.parameters()]
+    record = {"rank": info.rank, "weights": weights, "reference": reference}
+    record.update(optimizer_steps=step.optimizer_steps, skipping_calls=skipping["calls"], synced_calls=synced["calls"])
+    print(json.dumps(record))
+    du.cleanup()
