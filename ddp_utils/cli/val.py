@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         device = du.select_device(opt.device, batch_size=opt.batch_size)
     except ValueError as exc:  # a device that is not there, before any process group starts
-        print(f"val: error: --device {opt.device!r}: {exc}", file=sys.stderr)
+        print(f"val: error: {exc}", file=sys.stderr)
         return 2
     du.init_distributed()
     finished = False
