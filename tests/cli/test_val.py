@@ -183,6 +183,7 @@ def test_one_class_prints_the_class_row_only_with_verbose(setup: dict[str, Path]
         ({"nc": 2}, "has 2 classes but --data"),
         ({"garbage": True}, "not a torch checkpoint"),
         ({"args": ("--task", "test")}, "has no 'test' split"),
+        ({"args": ("--device", "99")}, "device '99' requested"),  # no such GPU, on any host
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(change: dict, message: str, setup: dict[str, Path], tmp_path) -> None:
