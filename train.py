@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,29 +24,39 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
 from ddp_utils import engine
-from ddp_utils.data import check_dataset, create_dataloader, create_val_dataloader, load_hyp
-from ddp_utils.detect import ComputeLoss, Model, evaluate, fitness, scale_loss_gains
+from ddp_utils.cli.convert import foreign_resume_message, load_pretrained
+from ddp_utils.data import DevicePrefetcher, check_dataset, create_dataloader, create_val_dataloader, load_hyp
+from ddp_utils.detect import (
+    ComputeLoss,
+    ForeignCheckpointError,
+    Model,
+    class_table,
+    evaluate,
+    fitness,
+    scale_loss_gains,
+)
 from ddp_utils.detect.weights import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 # the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
-USER_ERRORS = (FileNotFoundError, ValueError, engine.CheckpointError, du.DistEnvError)
+USER_ERRORS = (FileNotFoundError, ValueError, engine.CheckpointError, ForeignCheckpointError, du.DistEnvError)
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--weights", default="", help="checkpoint to start from ('' trains from scratch)")
+    add("--weights", default="", help="checkpoint to start from, ours or YOLOv5's ('' trains from scratch)")
     add("--cfg", default="yolov5n.yaml", help="model yaml (configs/models/ or a path)")
     add("--data", default="shapes.yaml", help="dataset yaml (data/ or a path)")
     add("--hyp", default=None, help="hyperparameter yaml; default: the data yaml's, else hyp.scratch-low.yaml")
     add("--epochs", type=int, default=None, help="default: the data yaml's train_defaults, else 100")
-    add("--batch-size", type=int, default=16, help="total batch size over all processes")
+    add("--batch-size", type=int, default=16, help="total batch size over all processes; -1: AutoBatch (GPU)")
     add("--imgsz", "--img", "--img-size", type=int, default=None, help="train/val size (px); default from data yaml")
     add("--rect", action="store_true", help="rectangular training batches")
     add("--resume", nargs="?", const=True, default=False, help="resume the latest run, or the given last.pt")
     add("--nosave", action="store_true", help="only save the final checkpoint")
     add("--noval", action="store_true", help="only validate after the final epoch")
     add("--noplots", action="store_true", help="save no plots (labels, batches, results)")
+    add("--verbose", action="store_true", help="the per-class table after every validation, not only the last")
     add("--cache", nargs="?", const="ram", default=None, choices=["ram", "disk"], help="cache images")
     add("--image-weights", action="store_true", help="sample images by class weights (single process)")
     add("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
@@ -57,7 +66,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--single-cls", action="store_true", help="train multi-class data as single-class")
     add("--optimizer", default="SGD", choices=["SGD", "Adam", "AdamW"])
     add("--sync-bn", action="store_true", help="SyncBatchNorm across processes (DDP only)")
-    add("--workers", type=int, default=8, help="max data-loader workers per process")
+    add("--workers", type=int, default=None, help="max data-loader workers per process (default: the cores' share)")
     add("--project", default="runs/train", help="save to project/name")
     add("--name", default="exp", help="save to project/name")
     add("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
@@ -82,9 +91,9 @@ def usage_error(message: str) -> None:
 
 def check_opt(opt: argparse.Namespace, info: du.DistInfo) -> None:
     """Refuse bad combinations before any process group starts."""
-    if opt.batch_size < 1:
-        usage_error(f"--batch-size {opt.batch_size}: give the total batch size, a positive integer")
-    if opt.batch_size % info.world_size:
+    if opt.batch_size < 1 and opt.batch_size != -1:
+        usage_error(f"--batch-size {opt.batch_size}: give the total batch size, a positive integer, or -1 (AutoBatch)")
+    if opt.batch_size != -1 and opt.batch_size % info.world_size:
         usage_error(
             f"--batch-size {opt.batch_size} does not divide by WORLD_SIZE={info.world_size}: "
             f"use a multiple of {info.world_size}"
@@ -105,7 +114,7 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
     An elastic restart (torchrun --max-restarts) resumes its own run by itself, found by a
     key of this launch recorded in opt.yaml. A new run's directory is made later, by make_run_dir.
     """
-    run_key = launch_key(info)
+    run_key = du.launch_key(info)  # the same across elastic restarts and SLURM requeues of this job
     last = None
     if info.is_main:
         if opt.resume:
@@ -124,9 +133,11 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
     if last is None:
         return opt, None
     if all(du.all_gather_object(Path(last).is_file())):
-        ckpt = engine.load_checkpoint(last)
+        ckpt = load_pretrained(last)
     else:  # nodes without a shared file system get rank 0's copy
-        ckpt = du.broadcast_object(engine.load_checkpoint(last) if info.is_main else None)
+        ckpt = du.broadcast_object(load_pretrained(last) if info.is_main else None)
+    if ckpt.get("foreign"):
+        raise ValueError(foreign_resume_message(last))
     resumed = argparse.Namespace(**{**vars(parse_opt([])), **ckpt["opt"]})  # options added since keep defaults
     resumed.resume, resumed.weights, resumed.run_key = last, last, run_key
     resumed.save_dir = str(Path(last).parent.parent)
@@ -134,26 +145,18 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
     return resumed, ckpt
 
 
-def launch_key(info: du.DistInfo) -> str:
-    """A name for this launch that survives elastic restarts but not a new launch.
-
-    torchrun's agent keeps one directory per launch for its workers' error files
-    (TORCHELASTIC_ERROR_FILE = <dir>/attempt_N/<rank>/error.json); rank 0's names the launch.
-    """
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    agent_dir = str(Path(error_file).parents[2]) if error_file and len(Path(error_file).parents) > 2 else ""
-    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{info.master_addr}:{info.master_port}/{agent_dir}"
-
-
 def main(opt: argparse.Namespace) -> None:
     info = du.dist_info()
     du.set_logging(info.rank)
     check_opt(opt, info)
-    du.init_distributed()
+    try:  # the device decides the backend; a device that is not there is one line, before any rendezvous
+        device = du.select_device(opt.device, batch_size=opt.batch_size if opt.batch_size > 0 else None)
+    except USER_ERRORS as exc:
+        usage_error(str(exc))
+    du.init_distributed(device=device)
     finished = False
     try:
         try:  # ---- inputs: a user's mistake is one line and exit code 2, before any run directory ----
-            device = du.select_device(opt.device, batch_size=opt.batch_size)
             opt, ckpt = resolve_run(opt, info)
             run = setup(opt, device, info, ckpt)
         except USER_ERRORS as exc:
@@ -180,7 +183,7 @@ def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
 
     # ---- model: pretrained tensors where name and shape match, frozen layers, size on the stride ----
     if ckpt is None and opt.weights:
-        ckpt = engine.load_checkpoint(opt.weights)
+        ckpt = load_pretrained(opt.weights)  # a YOLOv5 checkpoint too, read without running it
     model = Model(ckpt["model_cfg"] if ckpt else opt.cfg, ch=3, nc=nc).to(device)
     if ckpt is not None and not opt.resume:
         done, total = transfer_weights(model, ckpt["model"])
@@ -189,6 +192,11 @@ def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
     gs = grid_size(model)
     opt.imgsz = opt.imgsz or defaults.get("imgsz", 640)
     imgsz = check_img_size(opt.imgsz, gs)
+    if info.is_main:
+        du.model_info(model, imgsz=imgsz)  # YOLOv5's summary line: layers, parameters, gradients, GFLOPs
+    if opt.batch_size == -1:  # AutoBatch: rank 0 measures what fits one GPU; every rank uses its answer
+        per_rank = engine.check_train_batch_size(model, imgsz, amp=opt.amp != "off") if info.is_main else None
+        opt.batch_size = du.broadcast_object(per_rank) * info.world_size
 
     # ---- loaders: each process loads batch_size / world_size images per step ----
     batch = opt.batch_size // info.world_size
@@ -221,6 +229,9 @@ def make_run_dir(opt: argparse.Namespace, info: du.DistInfo, hyp: dict) -> None:
 def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> SimpleNamespace:
     """Optimizer, schedule, EMA, loss and the DDP wrapper; a resumed run's state put back."""
     model, hyp, cuda = run.model, run.hyp, run.device.type == "cuda"
+    channels_last = engine.use_channels_last(run.device)  # CUDA's convolutions run much faster so; the CPU's do not
+    if channels_last:  # before the optimizer and DDP, which keep the parameters' layout
+        engine.to_channels_last(model)
     # ---- optimizer: gradients accumulate up to the nominal batch size, decay scales with it ----
     nbs = int(hyp.get("nbs", engine.NBS))
     accumulate = engine.accumulate_steps(opt.batch_size, nbs)
@@ -241,9 +252,9 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
         ema = engine.init_class_biases(model, run.dataset.labels, run.nc)  # the EMA starts from these biases
     compute_loss = ComputeLoss(model, loss_hyp)
 
-    # ---- channels_last (CUDA) and compile on request, SyncBatchNorm, then DDP (it broadcasts rank 0's weights) ----
-    if cuda:  # convolutions run much faster so on CUDA (not on the CPU: there it changes nothing we need)
-        model, ema.ema = model.to(memory_format=torch.channels_last), ema.ema.to(memory_format=torch.channels_last)
+    # ---- compile on request, SyncBatchNorm, then DDP (it broadcasts rank 0's weights) ----
+    if channels_last:
+        engine.to_channels_last(ema.ema)
     if opt.compile:
         model.compile()  # in place: parameter names and checkpoints stay as they are
     if info.distributed:
@@ -254,7 +265,7 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
     multi_scale = (run.imgsz, run.gs) if opt.multi_scale else None
     step = engine.TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, opt.amp,
-                            info.world_size, multi_scale, channels_last=cuda)  # fmt: skip
+                            info.world_size, multi_scale, channels_last)  # fmt: skip
     return SimpleNamespace(step=step, scheduler=scheduler, start_epoch=start_epoch, best_fitness=best_fitness)
 
 
@@ -285,7 +296,8 @@ def train(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> d
         for epoch in range(start_epoch, opt.epochs):
             run.train_loader.set_epoch(epoch)
             plot = plot_first_batches(save_dir, run.names, info.is_main and epoch == start_epoch and not opt.noplots)
-            stats = engine.train_one_epoch(step, run.train_loader, epoch, run.device, epochs=opt.epochs,
+            batches = DevicePrefetcher(run.train_loader, run.device, step.channels_last)  # on CUDA: copies overlap
+            stats = engine.train_one_epoch(step, batches, epoch, run.device, epochs=opt.epochs,
                                            preemption=preemption, progress=info.is_main, on_batch=plot)  # fmt: skip
             lrs = [group["lr"] for group in step.optimizer.param_groups]
             fit.scheduler.step()
@@ -334,6 +346,8 @@ def validate_and_checkpoint(run, opt, epoch, step, stats, train_loss, lrs, logge
     if not opt.noval or final_epoch:
         step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
         metrics, val_loss = evaluate(step.ema.ema, run.val_loader, step.compute_loss, device=run.device, verbose=False)
+        if opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
+            du.LOGGER.info(class_table(metrics, run.names, per_class=True if opt.verbose else None))
     fit = fitness(metrics)
     stop = engine.should_stop_everywhere(stopper(epoch, fit))
     best_fitness = max(best_fitness, fit)

@@ -8,20 +8,24 @@ from .dist import (
     DistInfo,
     RankFailedError,
     all_gather_object,
+    any_rank,
     barrier,
     broadcast_object,
     cleanup,
+    de_parallel,
     dist_info,
     get_rank,
     get_world_size,
     init_distributed,
     is_dist_initialized,
     is_main_process,
+    launch_key,
     rank_zero_only,
     reduce_dict,
     reduce_tensor,
     torch_distributed_rank_zero_first,
     torch_distributed_zero_first,
+    unwrap_model,
 )
 from .log import LOGGER, set_logging
 from .profiling import FlopsReport, flops, format_table, model_info, profile
@@ -30,6 +34,10 @@ from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, see
 __version__ = "0.1.0"
 
 __all__ = [
+    "unwrap_model",
+    "launch_key",
+    "de_parallel",
+    "any_rank",
     "ComputeLoss",
     "DistEnvError",
     "DistInfo",

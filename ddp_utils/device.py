@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .dist import dist_info
+from .dist import DistInfo, dist_info
 from .log import LOGGER
 
 _summary_logged = False
@@ -87,13 +87,13 @@ def device_summary(devices: list[torch.device]) -> str:
     return "\n".join(lines)
 
 
-def _bind_cuda(indices: tuple[int, ...]) -> tuple[int, ...]:
+def _make_visible(indices: tuple[int, ...]) -> tuple[int, ...]:
     """Make the requested GPUs the visible ones when that still works; return the ids to use.
 
     CUDA_VISIBLE_DEVICES is read once, when CUDA starts in this process. Set earlier, it
     renumbers the chosen GPUs 0..n-1 so that ``cuda:LOCAL_RANK`` picks them under DDP;
     set later it would do nothing, so then the physical ids are used as given and a
-    warning says so.
+    warning says so. Binding the process to one of them is left to ``init_distributed``.
     """
     wanted = ",".join(str(i) for i in indices)
     current = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -120,12 +120,28 @@ def _bind_cuda(indices: tuple[int, ...]) -> tuple[int, ...]:
     return indices
 
 
+def _check_gpus_per_node(device: str | int | torch.device | None, n_gpu: int, info: DistInfo) -> None:
+    """One GPU per local process: say so before any process group forms, on every rank alike."""
+    if info.local_world_size > n_gpu:
+        raise ValueError(
+            f"{info.local_world_size} processes on this node (LOCAL_WORLD_SIZE={info.local_world_size}, this is "
+            f"local rank {info.local_rank}) but device {device!r} gives {n_gpu} GPU(s) of the "
+            f"{torch.cuda.device_count()} visible: start at most {n_gpu} processes per node "
+            f"(torchrun --nproc_per_node {n_gpu}), name more GPUs, or use --device cpu"
+        )
+
+
 def select_device(device: str | int | torch.device | None = "", batch_size: int | None = None) -> torch.device:
     """Pick this process's device from a YOLOv5-style request, checking it is there.
 
-    Under DDP (torchrun or srun) each process gets the GPU of its local rank among the
-    requested ones. With several GPUs, ``batch_size`` (the total over all GPUs) must
-    divide by their number. A short summary of the devices is logged once, on rank 0.
+    As in YOLOv5, a GPU list becomes CUDA_VISIBLE_DEVICES (while CUDA has not started),
+    and a single process gets the first GPU of the list, ``cuda:0``. Under DDP (torchrun
+    or srun) each process gets the GPU of its local rank among the requested ones. Call it
+    before :func:`~ddp_utils.dist.init_distributed` and pass it the result: this checks the
+    request (one GPU per local process) before any rendezvous, and the device it returns
+    decides the backend (gloo for the CPU, NCCL for CUDA) and is bound there. With several
+    GPUs, ``batch_size`` (the total over all GPUs) must divide by their number. A short
+    summary of the devices is logged once, on rank 0.
 
     Args:
         device: "", "cpu", "mps", "0", "0,1,2,3" or "cuda:1". "" picks CUDA if there is
@@ -137,7 +153,8 @@ def select_device(device: str | int | torch.device | None = "", batch_size: int 
 
     Raises:
         ValueError: the device string is malformed, names a device that is not there
-            (the message lists what is), or batch_size does not divide by the GPU count.
+            (the message lists what is), gives this node fewer GPUs than it has processes
+            (the message names both counts), or batch_size does not divide by the GPU count.
 
     Examples:
         >>> select_device("cpu")
@@ -171,20 +188,16 @@ def select_device(device: str | int | torch.device | None = "", batch_size: int 
         missing = [i for i in request.indices if i >= count]
         if missing:
             raise ValueError(f"device {device!r} requested but cuda:{missing[0]} is not there; devices here: {there}")
-        usable = _bind_cuda(request.indices)
-        chosen = [torch.device("cuda", i) for i in usable]
-        n_gpu = len(chosen)
+        n_gpu = len(request.indices)
+        if info.distributed:
+            _check_gpus_per_node(device, n_gpu, info)
         if batch_size is not None and n_gpu > 1 and batch_size % n_gpu:
             raise ValueError(
                 f"batch size {batch_size} does not divide by the {n_gpu} GPUs requested ({device!r}): "
                 f"use a multiple of {n_gpu}"
             )
+        chosen = [torch.device("cuda", i) for i in _make_visible(request.indices)]
         if info.distributed:
-            if info.local_rank >= n_gpu:
-                raise ValueError(
-                    f"LOCAL_RANK={info.local_rank} but device {device!r} gives this node {n_gpu} GPU(s): "
-                    f"start at most {n_gpu} processes per node"
-                )
             chosen = [chosen[info.local_rank]]
 
     if info.is_main and not _summary_logged:

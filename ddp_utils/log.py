@@ -1,9 +1,17 @@
-"""The library's logger: one named logger, quiet on every rank but the first.
+"""The library's logger: one named logger that speaks on the first rank and is quiet elsewhere.
 
-Libraries should not configure the root logger, so everything here logs to the
-``"ddp_utils"`` logger. :func:`set_logging` gives it one stream handler whose level
-depends on the rank: INFO on the main process, WARNING elsewhere, so a
-4-process job prints its progress once but still shows every rank's warnings.
+Everything in ddp_utils logs to the ``"ddp_utils"`` logger; nothing here touches the
+root logger. Out of the box, without any call, that logger shows what a YOLOv5 user
+expects to see: INFO (the label-scan summary, the device banner, the user's own lines
+through :data:`LOGGER`) on global rank 0 and in a single process, warnings and errors
+on every rank, each other rank's lines prefixed ``[rank N]``. It does so through one
+stream handler of its own on stderr, which steps aside by itself as soon as the host
+program configures logging: a handler of its own on this logger, or handlers on the root
+logger (``logging.basicConfig``) that the records reach anyway. ``DDP_UTILS_VERBOSE=0``
+keeps INFO quiet.
+
+:func:`set_logging` is the explicit way: it fixes the rank and the verbosity, keeps the
+same handler (so nothing prints twice) and stops propagation to the root logger.
 """
 
 from __future__ import annotations
@@ -14,22 +22,114 @@ import sys
 
 LOGGER_NAME = "ddp_utils"
 LOGGER = logging.getLogger(LOGGER_NAME)
+VERBOSE_ENV = "DDP_UTILS_VERBOSE"  # "0", "false", "no" or "off": INFO stays quiet unless set_logging says otherwise
 
 
 def _rank_from_env() -> int:
-    for name in ("RANK", "SLURM_PROCID"):
-        value = os.environ.get(name, "")
-        if value.strip().lstrip("-").isdigit():
-            return int(value)
-    return -1
+    """The launcher's global rank, -1 for a single process; read when a line is logged, never at import."""
+    # imported here: ddp_utils.dist imports LOGGER from this module
+    from .dist.env import env_rank
+
+    return env_rank()
+
+
+def _verbose_from_env() -> bool:
+    return os.environ.get(VERBOSE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class _RankFilter(logging.Filter):
+    """Until :func:`set_logging` is called: drop INFO and below except on the main process.
+
+    YOLOv5 does this with its logger's level; here the rank and ``DDP_UTILS_VERBOSE`` are
+    read when a line is logged, so importing ddp_utils before torchrun's variables matter
+    costs nothing. Once :func:`set_logging` has set the level by rank, the level alone
+    decides (a host may still change it), and this filter only remembers the rank.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rank: int | None = None  # set by set_logging
+
+    def current_rank(self) -> int:
+        return _rank_from_env() if self.rank is None else self.rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.rank is not None or record.levelno >= logging.WARNING:
+            return True
+        return _verbose_from_env() and self.current_rank() in (-1, 0)
+
+
+class _RankFormatter(logging.Formatter):
+    """``[rank N] `` before each line of a rank other than the first."""
+
+    def __init__(self, rank_filter: _RankFilter) -> None:
+        super().__init__("%(message)s")
+        self.rank_filter = rank_filter
+
+    def format(self, record: logging.LogRecord) -> str:
+        rank = self.rank_filter.current_rank()
+        text = super().format(record)
+        return text if rank in (-1, 0) else f"[rank {rank}] {text}"
+
+
+class _DefaultHandler(logging.StreamHandler):
+    """Our one handler: speaks until the host program configures logging, unless told to stay."""
+
+    _ddp_utils = True  # set_logging finds it by this mark
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.explicit = False  # set by set_logging: then it always speaks
+
+    @property
+    def stream(self):  # type: ignore[override]
+        # sys.stderr as it is now: pytest's capsys and others swap it after import
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # the base class assigns it; the live sys.stderr wins
+        pass
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.explicit and _host_configured_logging():
+            return False
+        return super().filter(record)
+
+
+def _host_configured_logging() -> bool:
+    """True when a handler other than ours would show this logger's records."""
+    if any(not getattr(h, "_ddp_utils", False) for h in LOGGER.handlers):
+        return True
+    logger = LOGGER
+    while logger.propagate and logger.parent is not None:
+        logger = logger.parent
+        if logger.handlers:
+            return True
+    return False
+
+
+_rank_filter = _RankFilter()
+_handler = _DefaultHandler()
+_handler.setFormatter(_RankFormatter(_rank_filter))
+LOGGER.addFilter(_rank_filter)
+LOGGER.addHandler(_handler)
+# INFO must reach our handler although the root logger's level is WARNING; the rank
+# filter above keeps the other ranks at WARNING. A host program may set another level.
+LOGGER.setLevel(logging.INFO)
 
 
 def set_logging(rank: int | None = None, verbose: bool = True) -> logging.Logger:
     """Configure the ``ddp_utils`` logger for this process and return it.
 
+    INFO is shown on the main process when ``verbose``, WARNING and above on every rank;
+    lines of ranks other than 0 start with ``[rank N]``. The logger gets one stream handler
+    on stderr (calling this again reconfigures it, never adds a second) and stops
+    propagating to the root logger, so a host program's ``logging.basicConfig`` does not
+    print each line twice.
+
     Args:
-        rank: global rank of this process; ``None`` reads it from the environment
-            (RANK, then SLURM_PROCID), -1 for a single process.
+        rank: global rank of this process; ``None`` reads it from the launcher's
+            environment (torchrun's RANK, srun's SLURM_PROCID), -1 for a single process.
         verbose: log INFO on the main process when True, WARNING otherwise.
 
     Returns:
@@ -45,14 +145,12 @@ def set_logging(rank: int | None = None, verbose: bool = True) -> logging.Logger
         rank = _rank_from_env()
     level = logging.INFO if verbose and rank in (-1, 0) else logging.WARNING
     LOGGER.setLevel(level)
-    if not any(getattr(h, "_ddp_utils", False) for h in LOGGER.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler._ddp_utils = True  # type: ignore[attr-defined]
-        LOGGER.addHandler(handler)
-        LOGGER.propagate = False
-    prefix = "" if rank in (-1, 0) else f"[rank {rank}] "
-    for handler in LOGGER.handlers:
-        if getattr(handler, "_ddp_utils", False):
-            handler.setFormatter(logging.Formatter(prefix + "%(message)s"))
-            handler.setLevel(level)
+    _rank_filter.rank = rank
+    if _handler not in LOGGER.handlers:
+        LOGGER.addHandler(_handler)
+    if _rank_filter not in LOGGER.filters:
+        LOGGER.addFilter(_rank_filter)
+    _handler.explicit = True
+    _handler.setLevel(level)
+    LOGGER.propagate = False
     return LOGGER

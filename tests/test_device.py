@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import pytest
 import torch
 
@@ -89,3 +92,68 @@ def test_time_synchronized_is_monotonic_perf_counter():
     stamps = [du.time_synchronized() for _ in range(100)]
     assert stamps == sorted(stamps)
     assert stamps[-1] - stamps[0] < 1.0  # seconds, from perf_counter, not an epoch time
+
+
+# --- GPU requests, with torch.cuda's answers replaced in this process (nothing distributed is faked) ---
+
+
+class _Collect(logging.Handler):
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def one_gpu_per_node_of_two(monkeypatch):
+    """This process is local rank 1 of 2 under torchrun on a node that seems to have one GPU."""
+    import ddp_utils.device as device_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(device_module, "_summary_logged", True)  # the banner would ask the absent GPU its name
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # both undone at teardown, whatever select_device sets
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_PORT": "1"}
+    for name, value in {**env, "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("text", ["0", "", "cuda:0"])
+def test_more_local_processes_than_gpus_is_one_error_naming_the_counts(one_gpu_per_node_of_two, text):
+    with pytest.raises(ValueError) as failure:
+        du.select_device(text)
+    message = str(failure.value)
+    assert message.startswith("2 processes on this node (LOCAL_WORLD_SIZE=2, this is local rank 1)")
+    assert "gives 1 GPU(s) of the 1 visible" in message and "--nproc_per_node 1" in message
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # refused before touching anything
+
+
+def test_every_local_rank_gets_the_same_count_error(one_gpu_per_node_of_two):
+    one_gpu_per_node_of_two.setenv("RANK", "0")
+    one_gpu_per_node_of_two.setenv("LOCAL_RANK", "0")  # its GPU exists, but the job cannot run
+    with pytest.raises(ValueError, match="2 processes on this node .* gives 1 GPU"):
+        du.select_device("0")
+
+
+def test_gpu_list_becomes_visible_devices_and_each_rank_takes_its_own(one_gpu_per_node_of_two):
+    one_gpu_per_node_of_two.setattr(torch.cuda, "device_count", lambda: 2)
+    warnings = _Collect(logging.WARNING)
+    du.LOGGER.addHandler(warnings)
+    try:
+        assert du.select_device("0,1", batch_size=4) == torch.device("cuda", 1)
+        du.LOGGER.warning("the collector works")
+    finally:
+        du.LOGGER.removeHandler(warnings)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert warnings.messages == ["the collector works"]  # a correct request: no warning of its own
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        one_gpu_per_node_of_two.delenv(name)
+    assert du.select_device("0,1") == torch.device("cuda", 0)  # a single process, as in YOLOv5
+
+
+def test_cpu_request_where_cuda_is_stays_on_the_cpu(one_gpu_per_node_of_two):
+    assert du.select_device("cpu") == torch.device("cpu")

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import ddp_utils as du
-from ddp_utils.dist import DistEnvError, first_slurm_host
+from ddp_utils.dist import (
+    DistEnvError,
+    any_rank,
+    de_parallel,
+    default_backend,
+    default_device,
+    first_slurm_host,
+    is_parallel,
+    launch_key,
+    unwrap_model,
+)
 
 from .multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env, records
 
@@ -78,6 +91,108 @@ def test_first_slurm_host(nodelist, host):
     assert first_slurm_host(nodelist) == host
 
 
+def _torchrun_env(rank: int, attempt: int, agent_dir: str = "/tmp/torchelastic_ab12") -> dict[str, str]:
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_ERROR_FILE": f"{agent_dir}/none_x/attempt_{attempt}/{rank}/error.json",
+    }  # fmt: skip
+
+
+def test_launch_key_same_on_a_nodes_ranks_and_across_restarts_new_for_a_new_launch():
+    keys = {launch_key(environ=_torchrun_env(rank, attempt)) for rank in (0, 1) for attempt in (0, 1, 2)}
+    assert keys == {"none/127.0.0.1:29500//tmp/torchelastic_ab12/none_x"}
+    assert launch_key(environ=_torchrun_env(0, 0, agent_dir="/tmp/torchelastic_cd34")) not in keys
+
+
+def test_launch_key_slurm_and_single_process():
+    slurm = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77",
+             "SLURM_NODELIST": "gpu[1-2]"}  # fmt: skip
+    assert launch_key(environ=slurm) == f"slurm/77/gpu1:{20000 + 77}"
+    assert launch_key(environ={**slurm, "SLURM_JOB_ID": "78"}) == f"slurm/78/gpu1:{20000 + 78}"  # another job
+    assert launch_key(environ={}) == f"single/pid={os.getpid()}"
+
+
+def test_launch_key_takes_the_info_it_is_given():
+    info = du.dist_info(_torchrun_env(1, 0))
+    assert launch_key(info, environ={}) == "/127.0.0.1:29500/"
+
+
+LAUNCHER_VARIABLE = re.compile(
+    r"""["'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|SLURM_\w*|TORCHELASTIC_\w*)["']"""
+)
+
+
+def test_only_dist_reads_launcher_variables():
+    package = Path(du.__file__).parent
+    readers = [
+        f"{path.relative_to(package)}: {match.group(0)}"
+        for path in package.rglob("*.py")
+        if "dist" not in path.relative_to(package).parts
+        for match in LAUNCHER_VARIABLE.finditer(path.read_text())
+    ]
+    assert readers == []
+
+
+def test_import_reads_no_launcher_variable():
+    # a malformed RANK fails dist_info() when called; importing must not call it
+    code = "import ddp_utils, ddp_utils.data, ddp_utils.engine, ddp_utils.detect, ddp_utils.profiling; print('ok')"
+    env = {**os.environ, "RANK": "not-a-number", "WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# --- the device decides the backend ---------------------------------------------------------------
+
+
+@pytest.fixture
+def cuda_host(monkeypatch):
+    """This process believes it sees two GPUs (torch.cuda's answers only; nothing distributed is faked)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_cpu_device_means_gloo_even_where_cuda_is(cuda_host):
+    assert default_backend("cpu") == "gloo"
+    assert default_backend(torch.device("cpu")) == "gloo"
+    assert default_backend("mps") == "gloo"
+
+
+@pytest.mark.skipif(not torch.distributed.is_nccl_available(), reason="this torch has no NCCL")
+def test_cuda_device_means_nccl(cuda_host):
+    assert default_backend("cuda:1") == "nccl"
+
+
+def test_default_device_is_the_local_gpu_where_cuda_is(cuda_host, monkeypatch):
+    assert default_device(du.dist_info({})) == torch.device("cuda", 0)
+    assert default_device(du.dist_info(_torchrun_env(1, 0))) == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_device(du.dist_info(_torchrun_env(1, 0))) == torch.device("cpu")
+
+
+def test_init_distributed_refuses_nccl_on_a_cpu_device(monkeypatch):
+    for name, value in _torchrun_env(0, 0).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(DistEnvError, match="nccl.*needs a CUDA device.*cpu"):
+        du.init_distributed(backend="nccl", device="cpu")
+    assert not du.is_dist_initialized()
+
+
+# --- unwrapping models ------------------------------------------------------------------------------
+
+
+def test_de_parallel_unwraps_data_parallel_and_compile_in_any_order():
+    inner = torch.nn.Linear(2, 2)
+    compiled = torch.compile(inner)  # wraps at once, compiles on the first call (never made here)
+    assert unwrap_model is de_parallel
+    for wrapped in (inner, torch.nn.DataParallel(inner), compiled, torch.nn.DataParallel(compiled)):
+        assert de_parallel(wrapped) is inner
+    assert de_parallel(torch.compile(torch.nn.DataParallel(inner))) is inner
+    assert is_parallel(torch.nn.DataParallel(inner)) and not is_parallel(compiled) and not is_parallel(inner)
+    assert list(de_parallel(torch.nn.DataParallel(compiled)).state_dict()) == ["weight", "bias"]
+
+
 @pytest.mark.parametrize(
     ("env", "named"),
     [
@@ -140,6 +255,7 @@ def test_helpers_single_process_are_noops(monkeypatch):
     assert {k: float(v) for k, v in du.reduce_dict({"a": 1.0}).items()} == {"a": 1.0}
     assert du.broadcast_object([1, 2]) == [1, 2]
     assert du.all_gather_object("x") == ["x"]
+    assert any_rank(True) is True and any_rank(False) is False and any_rank(0) is False
     ran = []
     with du.torch_distributed_zero_first(-1), du.torch_distributed_rank_zero_first():
         ran.append(1)
@@ -279,12 +395,13 @@ def test_torchrun_runs_the_helpers_demo():
     )
     (run,) = collect([proc], start, 120, "torchrun helpers demo")
     assert run.returncode == 0, describe([run])
+    assert "warning" not in run.stderr.lower() and "[rank 1]" not in run.stderr, run.stderr  # a correct command
     recs = sorted(
         (json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
     )
     assert [r["rank"] for r in recs] == [0, 1]
     for r in recs:
-        assert r["device"] == "cpu" and r["loss"] == 0.5 and r["n"] == 2.0
+        assert r["device"] == "cpu" and r["backend"] == "gloo" and r["loss"] == 0.5 and r["n"] == 2.0
         assert r["names"] == ["circle", "square"] and r["everyone"] == [0, 1] and r["elapsed_ok"]
 
 
@@ -321,3 +438,17 @@ def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
     assert workers[3].returncode == 3, describe(workers)
     assert "rank 2 stopped responding" in follower["error"] and follower["seconds"] < 30
     assert [records([w])[0]["error"] for w in workers[:2]] == [None, None]  # node 0 is unaffected
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_cpu_device_on_a_gpu_host_forms_a_gloo_group():
+    # each worker believes it has one GPU; two of them on the node, so "0" must be refused by count
+    workers = launch("tests.workers.dist_scenarios:cpu_on_a_gpu_host", 2, timeout=90)
+    assert_all_ok(workers)
+    for r in records(workers):
+        assert r["count_error"].startswith("2 processes on this node (LOCAL_WORLD_SIZE=2, this is local rank")
+        assert "gives 1 GPU(s) of the 1 visible" in r["count_error"] and "--nproc_per_node 1" in r["count_error"]
+        assert r["default_device"] == f"cuda:{r['rank']}"  # what init_distributed() alone would have picked
+        assert (r["backend"], r["collective_device"], r["sum"]) == ("gloo", "cpu", 2.0)
+        assert (r["any_one"], r["any_none"], r["any_all"]) == (True, False, True)

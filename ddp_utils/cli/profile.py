@@ -79,7 +79,8 @@ def run(opt: argparse.Namespace) -> list[dict]:
     info = dist_info()
     devices = _devices(opt, info.distributed)
     if info.distributed:
-        init_distributed(backend="gloo")  # only profile rows travel: gloo serves CPU and GPU ranks alike
+        # only profile rows travel: gloo serves CPU and GPU ranks alike; the device is bound all the same
+        init_distributed(backend="gloo", device=devices[0])
     model = build_model(opt.cfg, opt.torchvision).to(devices[0])
     if opt.half:
         model.half()

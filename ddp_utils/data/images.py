@@ -32,6 +32,7 @@ try:
 except ImportError:  # optional: OpenCV decodes everything without it
     simplejpeg = None
 
+from ..dist import launch_key
 from ..log import LOGGER
 from .headers import jpeg_header
 
@@ -179,11 +180,7 @@ def normalize_cache(cache: bool | str | None) -> str | None:
 
 def _job_id() -> str:
     # The same on a node's processes, different for two jobs sharing the node.
-    for name in ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "SLURM_JOB_ID"):
-        value = os.environ.get(name)
-        if value and value != "none":
-            return f"{name}={value}"
-    return f"pid={os.getpid()}"
+    return launch_key()
 
 
 def _decode_all(count: int, work, threads: int) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dist import broadcast_object, is_main_process
+from ..dist import any_rank
 from ..log import LOGGER
 
 
@@ -75,10 +75,13 @@ def _as_float(fitness: Any) -> float:
 
 
 def should_stop_everywhere(stop: bool) -> bool:
-    """Return rank 0's stop decision on every rank (a collective: every rank must call it).
+    """True on every rank when any rank decided to stop (a collective: every rank must call it).
+
+    Every rank validates the same gathered predictions, so their decisions agree; the
+    collective makes them leave the epoch loop together all the same.
 
     Examples:
         >>> should_stop_everywhere(True)  # single process: the local decision
         True
     """
-    return bool(broadcast_object(bool(stop) if is_main_process() else None, src=0))
+    return any_rank(bool(stop))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..dist import is_dist_initialized, reduce_tensor
+from ..dist import any_rank, collective_device, is_dist_initialized
 from ..log import LOGGER
 
 
@@ -92,8 +92,7 @@ class PreemptionHandler:
         settled first, so the collectives stay in the same order on every rank.
         """
         earlier = self._settle()
-        flag = torch.tensor([1.0 if self.requested() else 0.0])
-        return bool(reduce_tensor(flag, op="max").item() > 0) or earlier
+        return any_rank(self.requested()) or earlier
 
     def poll(self) -> bool:
         """Whether any rank had received a signal at the previous call; every rank must call it at each step.
@@ -115,8 +114,7 @@ class PreemptionHandler:
         if not is_dist_initialized():
             return self.requested()
         earlier = self._settle()
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-        flag = torch.full((1,), 1.0 if self.requested() else 0.0, device=device)
+        flag = torch.full((1,), 1.0 if self.requested() else 0.0, device=collective_device())
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
         return earlier
 

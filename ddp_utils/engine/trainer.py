@@ -129,9 +129,15 @@ class TrainStep:
     last_opt_step: int = -1
     optimizer_steps: int = field(default=0, init=False)
 
-    def prepare(self, imgs_uint8: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """Move a uint8 batch to ``device`` as floats in [0, 1] (channels_last when asked)."""
-        imgs = imgs_uint8.to(device, non_blocking=True).float() / 255
+    def prepare(self, imgs: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A batch as floats in [0, 1] on ``device`` (channels_last when asked).
+
+        A uint8 batch is moved and scaled; one a :class:`~ddp_utils.data.DevicePrefetcher` already
+        moved and scaled on its side stream passes through.
+        """
+        imgs = imgs.to(device, non_blocking=True)
+        if not imgs.is_floating_point():
+            imgs = imgs.float() / 255
         return imgs.contiguous(memory_format=torch.channels_last) if self.channels_last else imgs
 
     def __call__(self, imgs: torch.Tensor, targets: torch.Tensor, ni: int, epoch: int) -> torch.Tensor:
@@ -229,7 +235,10 @@ def train_one_epoch(
     progress: bool = False,
     on_batch: Callable[[int, torch.Tensor, torch.Tensor, Any], None] | None = None,
 ) -> EpochStats:
-    """Train one epoch over ``loader`` (batches of ``(imgs_uint8, targets, paths, shapes)``).
+    """Train one epoch over ``loader`` (batches of ``(imgs, targets, paths, shapes)``).
+
+    The images are the loader's uint8 batch, or floats already on the device from a
+    :class:`~ddp_utils.data.DevicePrefetcher` wrapped around it (on CUDA: the copy overlaps the step).
 
     Args:
         step: the model, optimizer and step settings.
@@ -241,7 +250,8 @@ def train_one_epoch(
         preemption: a :class:`~ddp_utils.engine.PreemptionHandler`; every rank polls it each step
             and all leave at the same step once any rank got a signal.
         progress: show a progress bar (the main process).
-        on_batch: called with ``(i, imgs_uint8, targets, paths)`` for each batch, e.g. to plot the first ones.
+        on_batch: called with ``(i, imgs, targets, paths)`` for each batch (the images as the loader gave
+            them), e.g. to plot the first ones.
 
     Returns:
         The epoch's :class:`EpochStats`; ``stopped`` when a signal ended it early.
@@ -254,15 +264,15 @@ def train_one_epoch(
     refreshed = 0.0
     timer = _Timer(device)
     step.optimizer.zero_grad()
-    for i, (imgs_uint8, targets, paths, _shapes) in enumerate(loader):
+    for i, (batch_imgs, targets, paths, _shapes) in enumerate(loader):
         timer.batch_ready()
-        imgs = step.prepare(imgs_uint8, device)
+        imgs = step.prepare(batch_imgs, device)
         loss_items = step(imgs, targets, i + nb * epoch, epoch)
         mloss = (mloss * i + loss_items) / (i + 1)  # stays on the device
         timer.step_done()
-        stats.images += imgs_uint8.shape[0]
+        stats.images += batch_imgs.shape[0]
         if on_batch is not None:
-            on_batch(i, imgs_uint8, targets, paths)
+            on_batch(i, batch_imgs, targets, paths)
         if bar is not None:
             bar.update(1)
             if time.monotonic() - refreshed > PROGRESS_SECONDS or i + 1 == nb:

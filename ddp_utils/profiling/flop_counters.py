@@ -24,8 +24,9 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode  # the base FlopCounterMode itself is built on
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..dist import de_parallel
 from ..log import LOGGER
-from .inputs import as_args, de_parallel, example_input, param_device_dtype, shape_of
+from .inputs import as_args, example_input, param_device_dtype, shape_of
 
 THOP_CONVENTION = "thop: 2 x MACs of the layers thop has rules for (YOLOv5's GFLOPs)"
 TORCH_CONVENTION = "FlopCounterMode: FLOPs of matmul/conv/attention aten ops (2 per multiply-add)"

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..dist import de_parallel
 from ..log import LOGGER
 from .flop_counters import flops
-from .inputs import de_parallel, image_size
+from .inputs import image_size
 
 
 def count_layers(model: nn.Module) -> int:

@@ -1,4 +1,4 @@
-"""What a profiled model is fed and what it gives back: example inputs, shapes, the unwrapped model."""
+"""What a profiled model is fed and what it gives back: example inputs and shapes."""
 
 from __future__ import annotations
 
@@ -7,18 +7,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-
-
-def de_parallel(model: nn.Module) -> nn.Module:
-    """The bare model inside a DataParallel or DistributedDataParallel wrapper.
-
-    Examples:
-        >>> m = nn.Linear(2, 2)
-        >>> de_parallel(nn.DataParallel(m)) is m
-        True
-    """
-    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
-    return model.module if isinstance(model, wrappers) else model
 
 
 def param_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 import ddp_utils as du
+from ddp_utils.dist import any_rank, collective_device, default_device
 
 
 def emit(line: str) -> None:
@@ -129,8 +130,8 @@ def collectives(init_method: str = "env://") -> None:
 def helpers_demo() -> None:
     """What a detection project does with the helpers, run by torchrun in the tests."""
     du.set_logging()
-    info = du.init_distributed()
-    device = du.select_device("cpu", batch_size=4)
+    device = du.select_device("cpu", batch_size=4)  # before the group: it decides the backend
+    info = du.init_distributed(device=device)
     du.init_seeds(du.rank_seed(0, info.rank))
     with du.torch_distributed_zero_first(info.local_rank):
         pass
@@ -146,6 +147,7 @@ def helpers_demo() -> None:
             {
                 "rank": info.rank,
                 "device": str(device),
+                "backend": torch.distributed.get_backend(),
                 "loss": loss.item(),
                 "n": float(stats["n"]),
                 "names": names,
@@ -154,6 +156,37 @@ def helpers_demo() -> None:
             }
         )
     )
+    du.cleanup()
+
+
+def cpu_on_a_gpu_host() -> None:
+    """``--device cpu`` where CUDA looks available: gloo and CPU collectives, not NCCL.
+
+    torch.cuda's answers are replaced in this process only (torch.distributed is real), so a
+    CPU-only host plays a node with one GPU: before the group forms, asking for that GPU with
+    two local processes must be the clear count error.
+    """
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    try:
+        du.select_device("0")
+        count_error = None
+    except ValueError as exc:
+        count_error = str(exc)
+    device = du.select_device("cpu")
+    info = du.init_distributed(device=device)
+    out = {
+        "rank": info.rank,
+        "count_error": count_error,
+        "default_device": str(default_device(info)),
+        "backend": torch.distributed.get_backend(),
+        "collective_device": str(collective_device()),
+        "sum": du.reduce_tensor(torch.ones(1), op="sum").item(),
+        "any_one": any_rank(info.rank == 1),
+        "any_none": any_rank(False),
+        "any_all": any_rank(True),
+    }
+    emit(json.dumps(out))
     du.cleanup()
 
 

@@ -1,0 +1,85 @@
+"""Distributed helpers: where this process stands in a job, and what it does with the others.
+
+Every helper is a no-op, or returns the single-process answer, without a process group,
+so the same code runs under ``python`` and under ``torchrun``/``srun``.
+
+- ``env.py``: :class:`DistInfo` and :func:`dist_info` from torchrun's or SLURM's variables,
+  :func:`first_slurm_host`, and the launch identity :func:`launch_key`. The only module of
+  ddp_utils that reads launcher variables, and only when asked.
+- ``group.py``: :func:`init_distributed` (the one place a process is bound to its device;
+  the device decides the backend), :func:`cleanup`, :func:`barrier`, and the rank queries.
+- ``collectives.py``: :func:`reduce_tensor`, :func:`reduce_dict`, :func:`any_rank`,
+  :func:`broadcast_object`, :func:`all_gather_object`, :func:`rank_zero_only`.
+- ``zero_first.py``: :func:`torch_distributed_zero_first` and its job-wide variant, over the
+  group's store with a heartbeat instead of barriers.
+- ``parallel.py``: :func:`is_parallel`, :func:`de_parallel` (alias :func:`unwrap_model`).
+"""
+
+from __future__ import annotations
+
+from .collectives import (
+    all_gather_object,
+    any_rank,
+    broadcast_object,
+    rank_zero_only,
+    reduce_dict,
+    reduce_tensor,
+)
+from .env import DistEnvError, DistInfo, dist_info, env_rank, first_slurm_host, launch_key
+from .group import (
+    DEFAULT_TIMEOUT_S,
+    barrier,
+    cleanup,
+    collective_device,
+    default_backend,
+    default_device,
+    get_rank,
+    get_world_size,
+    init_distributed,
+    is_dist_initialized,
+    is_main_process,
+)
+
+# the private names that ddp_utils.dist had before it became a package, for code that imports them
+from .group import collective_device as _collective_device  # noqa: F401
+from .parallel import de_parallel, is_parallel, unwrap_model
+from .zero_first import (
+    HEARTBEAT_S,
+    RankFailedError,
+    _default_store,  # noqa: F401
+    torch_distributed_rank_zero_first,
+    torch_distributed_zero_first,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "HEARTBEAT_S",
+    "DistEnvError",
+    "DistInfo",
+    "RankFailedError",
+    "all_gather_object",
+    "any_rank",
+    "barrier",
+    "broadcast_object",
+    "cleanup",
+    "collective_device",
+    "de_parallel",
+    "default_backend",
+    "default_device",
+    "dist_info",
+    "env_rank",
+    "first_slurm_host",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "is_dist_initialized",
+    "is_main_process",
+    "is_parallel",
+    "launch_key",
+    "rank_zero_only",
+    "reduce_dict",
+    "reduce_tensor",
+    "torch_distributed_rank_zero_first",
+    "torch_distributed_zero_first",
+    "unwrap_model",
+]

@@ -1,0 +1,213 @@
+"""First-process-first sections: the store-and-heartbeat protocol behind ``torch_distributed_zero_first``.
+
+The leader (a node's local rank 0, or global rank 0) runs the body while the others
+poll a key in the group's c10d store instead of sitting in a barrier: a long body trips
+no collective timeout, the leader's error reaches every follower within a second, and a
+leader killed outright is noticed when its heartbeat stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from ..log import LOGGER
+from .env import DistEnvError, dist_info
+from .group import barrier, get_rank, get_world_size, is_dist_initialized
+
+
+class RankFailedError(RuntimeError):
+    """Another rank failed inside a section this rank was waiting on."""
+
+
+_section_counter = itertools.count()
+
+
+def _default_store() -> Any | None:
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:  # a torch without it, or a group without a store
+        return None
+
+
+HEARTBEAT_S = 2.0  # the leader's heartbeat period in a first-process section
+
+
+def _heartbeat_timeout() -> float:
+    value = os.environ.get("DDP_UTILS_HEARTBEAT_TIMEOUT", "")
+    try:
+        return float(value) if value else 60.0
+    except ValueError:
+        raise DistEnvError(f"DDP_UTILS_HEARTBEAT_TIMEOUT={value!r} is not a number of seconds") from None
+
+
+@contextlib.contextmanager
+def _heartbeat(store: Any, key: str) -> Iterator[None]:
+    """Count up ``key`` every HEARTBEAT_S seconds while the body runs, from a daemon thread."""
+    stop = threading.Event()
+    store.add(key, 1)  # the first beat says the leader is in: before it, it may only be late
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(Exception):  # the store going away is the followers' news
+                store.add(key, 1)
+
+    thread = threading.Thread(target=beat, name="ddp_utils-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _wait_for_key(store: Any, key: str, leader: int, deadline: float | None, log_every: float) -> None:
+    """Poll for ``key``; fail when the deadline passes or the leader's heartbeat stops.
+
+    A leader that raises publishes its error, but one killed outright (SIGKILL, the OOM
+    killer) publishes nothing: its heartbeat (``key/beat``, counted up every few seconds)
+    then stops moving, and after DDP_UTILS_HEARTBEAT_TIMEOUT seconds (default 60) the
+    followers give up instead of waiting for a launcher to end them. Counting changes
+    on the follower's own clock needs no clock agreement between nodes.
+    """
+    start = time.monotonic()
+    next_log = start + log_every
+    stale_after = _heartbeat_timeout()
+    last_beat, beat_seen_at = -1, start
+    pause = 0.005
+    while True:
+        try:
+            if store.check([key]):
+                return
+            beat = store.add(f"{key}/beat", 0)
+        except Exception as exc:  # the store's host (rank 0 under env://) is gone
+            raise RankFailedError(
+                f"rank {get_rank()}: lost the rendezvous store while waiting for rank {leader} "
+                f"to finish its first-process section ({type(exc).__name__}: {exc})"
+            ) from exc
+        now = time.monotonic()
+        if beat != last_beat:
+            last_beat, beat_seen_at = beat, now
+        elif beat > 0 and now - beat_seen_at > stale_after:
+            raise RankFailedError(
+                f"rank {get_rank()}: rank {leader} stopped responding in its first-process section "
+                f"(no heartbeat for {now - beat_seen_at:.0f} s): it was probably killed (OOM killer?); "
+                "see its log"
+            )
+        if deadline is not None and now > deadline:
+            raise RankFailedError(
+                f"rank {get_rank()}: gave up after {now - start:.0f} s waiting for rank {leader} "
+                "to finish its first-process section"
+            )
+        if now >= next_log:
+            LOGGER.warning(f"rank {get_rank()}: still waiting for rank {leader} ({now - start:.0f} s)")
+            next_log = now + log_every
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+
+
+def _await_acks(store: Any, key: str, expected: int, seconds: float) -> None:
+    # A failing leader stays until its followers have read the error: when it hosts
+    # the store, leaving at once would leave them a "connection closed" instead.
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(Exception):
+        while store.add(key, 0) < expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _leader_first(
+    is_leader: bool, leader_rank: int, followers: int, scope: str, timeout: float | None
+) -> Iterator[None]:
+    if not is_dist_initialized():
+        yield
+        return
+    store = _default_store()
+    if store is None:  # no store to talk through: fall back to the classic two barriers
+        if not is_leader:
+            barrier()
+        yield
+        if is_leader:
+            barrier()
+        return
+    info = dist_info()
+    # Every process enters its sections in the same order, so a counter names them alike
+    # on every rank; the restart count keeps an elastic restart from reading old keys.
+    key = f"ddp_utils/first/{info.restart_count}/{scope}/{next(_section_counter)}"
+    if is_leader:
+        try:
+            with _heartbeat(store, f"{key}/beat"):
+                yield
+        except BaseException as exc:
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            store.set(key, f"error:{detail}")
+            _await_acks(store, f"{key}/ack", followers, seconds=10.0)
+            raise
+        store.set(key, "ok")
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    _wait_for_key(store, key, leader_rank, deadline, log_every=60.0)
+    status = store.get(key).decode()
+    if status.startswith("error:"):
+        with contextlib.suppress(Exception):
+            store.add(f"{key}/ack", 1)
+        raise RankFailedError(
+            f"rank {leader_rank} failed in its first-process section, so rank {get_rank()} stops too: "
+            f"{status[len('error:') :]}"
+        )
+    yield
+
+
+@contextlib.contextmanager
+def torch_distributed_zero_first(local_rank: int, timeout: float | None = None) -> Iterator[None]:
+    """Let the first process of each node run the body first; the node's others wait.
+
+    Use it around work each node needs once before its processes can share it: a
+    dataset download to local disk, a label cache build. The waiting processes poll
+    the process group's store instead of sitting in a barrier, so a body that runs
+    for an hour trips no collective timeout, and when the first process raises, the
+    others raise :class:`RankFailedError` within a second, naming its rank and error.
+
+    Args:
+        local_rank: this process's rank within its node (-1 for a single process).
+        timeout: seconds the others wait before giving up; None waits as long as it
+            takes, logging "still waiting" every minute.
+
+    Examples:
+        >>> with torch_distributed_zero_first(-1):  # single process: just runs
+        ...     pass
+    """
+    if not is_dist_initialized() or local_rank == -1:
+        yield
+        return
+    info = dist_info()
+    leader = info.rank - info.local_rank  # global rank of this node's local rank 0
+    followers = info.local_world_size - 1
+    with _leader_first(local_rank == 0, leader, followers, f"node{info.node_rank}", timeout):
+        yield
+
+
+@contextlib.contextmanager
+def torch_distributed_rank_zero_first(timeout: float | None = None) -> Iterator[None]:
+    """Let global rank 0 run the body first, then every other rank of the job.
+
+    The job-wide variant of :func:`torch_distributed_zero_first`, for work whose result
+    lands on a file system all nodes share.
+
+    Examples:
+        >>> with torch_distributed_rank_zero_first():
+        ...     pass
+    """
+    if not is_dist_initialized():
+        yield
+        return
+    with _leader_first(get_rank() == 0, 0, get_world_size() - 1, "job", timeout):
+        yield
