@@ -25,9 +25,8 @@ parser.add_argument("--batches", type=int, default=4, help="batches per epoch an
 opt = parser.parse_args()
 
 info = du.dist_info()  # torchrun / srun / a single process (rank -1)
-du.set_logging(info.rank)  # ddp_utils' log lines on stderr, from rank 0 only
 device = du.select_device(opt.device, batch_size=8 * info.world_size)  # this process's device
-du.init_distributed()  # joins the process group (gloo on the CPU, NCCL on GPUs); nothing for one process
+du.init_distributed(device=device)  # binds the device, joins the group (gloo for CPU, NCCL for GPUs)
 du.init_seeds(du.rank_seed(0, info.rank))  # a different seed on each rank
 hyp = du.load_hyp("hyp.shapes.yaml")
 data = du.check_dataset("shapes.yaml")  # generated once per node if missing; the others wait

@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # a device that is not there, before any process group starts
         print(f"val: error: {exc}", file=sys.stderr)
         return 2
-    du.init_distributed()
+    du.init_distributed(device=device)
     finished = False
     try:
         validate(opt, device, info)
