@@ -1,0 +1,1 @@
+"""Tests of the command-line entry points (python -m ddp_utils.*)."""
