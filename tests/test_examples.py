@@ -61,3 +61,11 @@ def test_ddp_helpers_example_under_torchrun_two_processes(datasets: Path) -> Non
     losses = epoch_lines(result.stdout, 2)
     assert all(0 < value < 10 for epoch in losses for value in epoch)
     assert "process group: gloo" in result.stderr and "world size 2" in result.stderr
+
+
+def test_readme_shows_the_example_as_it_stands_in_the_file():
+    readme = (REPO_ROOT / "README.md").read_text()
+    code = (REPO_ROOT / "examples" / "ddp_helpers.py").read_text()
+    body = code[code.index("from __future__ import annotations") :]
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert body in blocks, "README's helper example differs from examples/ddp_helpers.py: copy the file's code over"
