@@ -40,8 +40,7 @@ from ddp_utils.detect import ComputeLoss, Model  # noqa: E402
 from ddp_utils.engine import ModelEMA, smart_optimizer  # noqa: E402
 from ddp_utils.engine.memory_format import to_channels_last, use_channels_last  # noqa: E402
 
-EPOCH_LINE = re.compile(r"epoch\s+(\d+)\b", re.IGNORECASE)
-NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+EPOCH_LINE = re.compile(r"\bepoch (\d+)/\d+: [^\n]*?([0-9.]+) img/s, data wait ([0-9.]+)%")
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -189,36 +188,17 @@ def loader_alone(opt, train_dir: Path, hyp) -> float:
     return rate
 
 
-def parse_train_log(text: str, images_per_epoch: int) -> list[dict]:
-    """Per-epoch figures from train.py's output: whatever of img/s, data and compute seconds it prints.
-
-    Tolerant by design (train.py's wording changes): a line naming ``epoch N`` counts; in it
-    ``N img/s``, ``data Xs`` and ``compute Ys`` are read where present.
+def parse_train_log(text: str) -> list[dict]:
+    """Per-epoch figures from train.py's epoch lines, whose ending is stable: ``N img/s, data wait P%``.
 
     Examples:
-        >>> parse_train_log("epoch 2: P 0.1 mAP 0.2 (data 0.4s, compute 6.0s)", 2000)
-        [{'epoch': 2, 'data_s': 0.4, 'compute_s': 6.0, 'img_s': 312.5}]
+        >>> parse_train_log("epoch 2/3: loss 0.1 0.2 0.3, P 0.5 R 0.5 mAP@0.5 0.4, 312.5 img/s, data wait 4.0%")
+        [{'epoch': 2, 'img_s': 312.5, 'data_wait_share': 0.04}]
     """
-    epochs: dict[int, dict] = {}
-    for line in text.splitlines():
-        match = EPOCH_LINE.search(line)
-        if not match:
-            continue
-        found = {"epoch": int(match.group(1))}
-        for key, pattern in (
-            ("data_s", rf"data(?: wait)?[ =:]+{NUMBER}\s*s"),
-            ("compute_s", rf"compute[ =:]+{NUMBER}\s*s"),
-            ("img_s", rf"{NUMBER}\s*img/s"),
-        ):
-            value = re.search(pattern, line)
-            if value:
-                found[key] = float(value.group(1))
-        if len(found) > 1:
-            epochs.setdefault(found["epoch"], {}).update(found)
-    for figures in epochs.values():
-        if "img_s" not in figures and "data_s" in figures and "compute_s" in figures:
-            figures["img_s"] = images_per_epoch / max(figures["data_s"] + figures["compute_s"], 1e-9)
-    return [epochs[e] for e in sorted(epochs)]
+    return [
+        {"epoch": int(m.group(1)), "img_s": float(m.group(2)), "data_wait_share": float(m.group(3)) / 100}
+        for m in EPOCH_LINE.finditer(text)
+    ]
 
 
 def train_script(opt, data_yaml: Path, n_images: int, workdir: Path) -> dict:
@@ -239,15 +219,14 @@ def train_script(opt, data_yaml: Path, n_images: int, workdir: Path) -> dict:
     text = done.stdout + done.stderr
     if done.returncode != 0:
         return {"error": f"train.py exited {done.returncode}: {text.strip().splitlines()[-3:]}", "wall_s": wall}
-    parsed = parse_train_log(text, n_images)
+    parsed = parse_train_log(text)
     steady = [e for e in parsed if e["epoch"] > 1] or parsed
     result: dict = {"epochs": epochs, "steps": epochs * steps_per_epoch, "wall_s": wall, "parsed": parsed}
     rates = [e["img_s"] for e in steady if "img_s" in e]
     if rates:
         result["img_s"] = sum(rates) / len(rates)
-    waits = [(e["data_s"], e["compute_s"]) for e in steady if "data_s" in e and "compute_s" in e]
-    if waits:
-        result["data_wait_share"] = sum(d for d, _ in waits) / max(sum(d + c for d, c in waits), 1e-9)
+    if steady:
+        result["data_wait_share"] = sum(e["data_wait_share"] for e in steady) / len(steady)
     return result
 
 
