@@ -226,7 +226,7 @@ def test_two_nodes_on_localhost_each_with_its_own_dataset(tmp_path):
         (["--image-weights"], {"WORLD_SIZE": "2"}, "--image-weights works in a single process only"),
         (["--rect", "--multi-scale"], {}, "--rect and --multi-scale"),
         (["--epochs", "0"], {}, "--epochs 0"),
-        (["--batch-size", "-1"], {}, "--batch-size -1"),
+        (["--batch-size", "-2"], {}, "--batch-size -2"),
     ],
 )
 def test_bad_combinations_fail_before_any_process_group(args, env, message, tmp_path):

@@ -171,7 +171,11 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     from ddp_utils.data.loader import _init_worker
 
     def faults(init) -> int:
-        loader = torch.utils.data.DataLoader(_BatchChurn(), batch_size=None, num_workers=1, worker_init_fn=init)
+        # a spawned worker starts with glibc's default malloc state; a forked one inherits this process's,
+        # whose dynamic mmap threshold earlier tests may have raised already
+        loader = torch.utils.data.DataLoader(
+            _BatchChurn(), batch_size=None, num_workers=1, worker_init_fn=init, multiprocessing_context="spawn"
+        )
         return next(iter(loader))
 
     pages = 5 * 16 * 640 * 640 * 3 // 4096
