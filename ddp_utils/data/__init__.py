@@ -3,9 +3,11 @@
 What lives where:
 
 - ``config.py``: the data yaml (load, resolve paths, check, fetch), hyperparameter yamls, ``hyp_value``.
-- ``labels.py``: find images and verify their labels; the label cache (versioned, hashed, pickle-free).
+- ``labels.py``: find images and verify their labels, ``load_labels``; ``label_cache.py``: the label
+  cache (versioned, hashed, pickle-free).
 - ``headers.py``: image sizes from file headers, without decoding.
-- ``images.py``: read and resize images; the image cache (RAM: one copy per node; disk: .npy).
+- ``images.py``: read, decode and resize one image; ``image_cache.py``: the image caches (RAM: one
+  copy per node; disk: .npy).
 - ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective.
 - ``dataset.py``: :class:`YoloDataset` (with YOLOv5's attribute names), rect batch shapes, collate functions.
 - ``weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).

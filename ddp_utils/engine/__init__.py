@@ -5,8 +5,9 @@ What lives where:
 - ``trainer.py``: :func:`train_one_epoch` and :class:`TrainStep` (accumulation without needless
   all-reduces, AMP, timing without host waits), class-bias init, the multi-scale resize.
 - ``ema.py``: :class:`ModelEMA`, updated with multi-tensor kernels.
-- ``checkpoint.py``: atomic, pickle-free checkpoints; :class:`Checkpointer` owns a run's last/best/epochN;
-  ``strip_optimizer``, ``restore_training``, ``latest_checkpoint``.
+- ``checkpoint.py``: the checkpoint format, atomic saves and pickle-free loads; ``checkpointer.py``:
+  :class:`Checkpointer`, which owns a run's last/best/epochN; ``strip.py``: ``strip_optimizer``;
+  ``resume.py``: ``restore_training``, ``latest_checkpoint``.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
 - ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> save and stop).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
@@ -21,7 +22,6 @@ them composed into a run.
 from .autobatch import autobatch, check_train_batch_size, fit_batch_size
 from .checkpoint import (
     CHECKPOINT_KEYS,
-    Checkpointer,
     CheckpointError,
     CheckpointWriteError,
     UnsafeCheckpointError,
@@ -29,13 +29,11 @@ from .checkpoint import (
     atomic_write_bytes,
     build_checkpoint,
     check_plain,
-    latest_checkpoint,
     load_checkpoint,
-    restore_training,
     save_checkpoint,
-    strip_optimizer,
     to_plain,
 )
+from .checkpointer import Checkpointer
 from .early_stop import EarlyStopping, should_stop_everywhere
 from .ema import ModelEMA
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
@@ -55,7 +53,9 @@ from .optim import (
     smart_optimizer,
 )
 from .plots import class_color, plot_images, plot_labels, plot_results
+from .resume import latest_checkpoint, restore_training
 from .signals import PreemptionHandler
+from .strip import strip_optimizer
 from .trainer import (
     AMP_DTYPES,
     EpochStats,

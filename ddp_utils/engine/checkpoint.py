@@ -22,9 +22,11 @@ and a file from the internet cannot run code on load. :func:`build_checkpoint` m
     version        the ddp_utils version that wrote it
     ============== =============================================================
 
-:class:`Checkpointer` is what a training loop uses: it owns a run's ``last.pt``,
-``best.pt`` and ``epochN.pt``, builds the checkpoint once per epoch and writes the same
-bytes to each file that is due.
+This module holds the format, the atomic save and the load. Built on them:
+:class:`~ddp_utils.engine.checkpointer.Checkpointer` (``checkpointer.py``), what a training
+loop uses for a run's ``last.pt``, ``best.pt`` and ``epochN.pt``; :func:`strip_optimizer`
+(``strip.py``); :func:`restore_training` and :func:`latest_checkpoint` (``resume.py``). Those
+names stay importable from here.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import enum
 import errno
 import glob
 import importlib
-import io
 import os
 import pickle
 import re
@@ -366,291 +367,21 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
         ) from exc
 
 
-# plain data that YOLOv5's checkpoints pickle beside the model (best_fitness is a numpy array, opt holds paths)
-_DATA_GLOBALS = frozenset(
-    {
-        "numpy.ndarray",
-        "numpy.dtype",
-        "numpy.core.multiarray._reconstruct",
-        "numpy.core.multiarray.scalar",
-        "numpy._core.multiarray._reconstruct",
-        "numpy._core.multiarray.scalar",
-        "pathlib.Path",
-        "pathlib.PosixPath",
-        "pathlib.WindowsPath",
-        "pathlib.PurePosixPath",
-        "pathlib.PureWindowsPath",
-    }
-)
+# The modules that moved out import this one, so they cannot be imported at its top: found on first use.
+_MOVED = {
+    "Checkpointer": "checkpointer",
+    "strip_optimizer": "strip",
+    "_DATA_GLOBALS": "strip",
+    "_is_allowed": "strip",
+    "_own_module_classes": "strip",
+    "_strip_pickled_model": "strip",
+    "restore_training": "resume",
+    "latest_checkpoint": "resume",
+}
 
 
-def _is_allowed(name: str, obj: Any) -> bool:
-    module_name = name.rpartition(".")[0]
-    if module_name.split(".")[0] == "ddp_utils" or module_name.startswith("torch.nn.modules."):
-        return isinstance(obj, type) and issubclass(obj, nn.Module)
-    return name in _DATA_GLOBALS or (module_name == "numpy.dtypes" and name.endswith("DType"))
-
-
-def _own_module_classes(path: Path) -> list[Any]:
-    """What a pickled-model checkpoint needs, when it is only ddp_utils' or torch.nn's modules and plain data.
-
-    Raises:
-        UnsafeCheckpointError: it pickles anything else (a YOLOv5/Ultralytics model, a function).
-    """
-    allowed = []
-    needed = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    for name in needed:
-        module_name, _, qualname = name.rpartition(".")
-        obj = None
-        with contextlib.suppress(ImportError, AttributeError):
-            obj = getattr(importlib.import_module(module_name), qualname)
-        if obj is None or not _is_allowed(name, obj):
-            raise UnsafeCheckpointError(
-                f"checkpoint {path} pickles {name}, which is not a ddp_utils or torch.nn module, so it was "
-                "not loaded: unpickling it could run code. A YOLOv5 checkpoint converts with "
-                "`python -m ddp_utils.convert`; a file you trust loads with load_checkpoint(path, trusted=True)."
-            )
-        allowed.append(obj)
-    if any(name.startswith("numpy.") for name in needed):
-        import numpy as np  # the dtype classes an array's dtype rebuilds from are not named in the file
-
-        allowed += [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
-    return allowed
-
-
-def _strip_pickled_model(ckpt: dict[str, Any], half: bool) -> None:
-    """YOLOv5's layout (``model``/``ema`` are pickled modules): keep the EMA as the model, in fp16, frozen."""
-    if isinstance(ckpt.get("ema"), nn.Module):
-        ckpt["model"] = ckpt["ema"]
-    ckpt.update(optimizer=None, best_fitness=None, ema=None, updates=None, epoch=-1)
-    if half:
-        ckpt["model"].half()
-    for param in ckpt["model"].parameters():
-        param.requires_grad = False
-
-
-def strip_optimizer(
-    f: str | Path = "best.pt",
-    s: str | Path | None = "",
-    half: bool = True,
-    *,
-    path: str | Path | None = None,
-    out: str | Path | None = None,
-) -> Path | None:
-    """Make a final, smaller checkpoint: drop the optimizer state, store fp16 weights (YOLOv5's call form).
-
-    ``strip_optimizer(f="best.pt", s="")`` as YOLOv5 calls it: ``s`` empty (or None) overwrites
-    ``f``. Our checkpoints (:func:`build_checkpoint`) lose ``optimizer``, ``scaler`` and
-    ``train_model``, get fp16 weights and ``epoch = -1`` (not resumable), and stay loadable with
-    ``weights_only``. A checkpoint in YOLOv5's layout holding a pickled ddp_utils ``Model`` (what
-    YOLOv5's train.py saves when it trains our model) is read without running foreign code and
-    stripped as YOLOv5 strips it: ``ema`` becomes ``model`` (fp16, frozen), and ``optimizer``,
-    ``best_fitness``, ``ema``, ``updates`` become None. Written atomically, on the main process
-    only (others return None).
-
-    Args:
-        f: the checkpoint file.
-        s: where to write; ``f`` itself when empty or None.
-        half: convert floating-point weights to fp16.
-        path: our former name of ``f`` (keyword only).
-        out: our former name of ``s`` (keyword only).
-
-    Returns:
-        The written path, or None on other ranks.
-
-    Raises:
-        FileNotFoundError: ``f`` does not exist.
-        UnsafeCheckpointError: ``f`` pickles classes other than ddp_utils' and torch.nn's modules.
-        CheckpointError: ``f`` has no model to strip.
-    """
-    source = Path(path if path is not None else f)
-    target = Path(out or s or source)
-    if not is_main_process():
-        return None
-    try:
-        ckpt = load_checkpoint(source)
-    except UnsafeCheckpointError:
-        try:
-            with torch.serialization.safe_globals(_own_module_classes(source)):
-                ckpt = torch.load(source, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise UnsafeCheckpointError(
-                f"checkpoint {source} holds objects beyond ddp_utils/torch.nn modules and plain data"
-                f"{_unsupported_global(str(exc))}, so it was not loaded; load it with "
-                "load_checkpoint(path, trusted=True) if you trust it"
-            ) from None
-    model = ckpt.get("model") if isinstance(ckpt, dict) else None
-    if isinstance(model, nn.Module) or isinstance(ckpt.get("ema") if isinstance(ckpt, dict) else None, nn.Module):
-        _strip_pickled_model(ckpt, half)
-    elif isinstance(model, Mapping):
-        if half:
-            ckpt["model"] = {k: v.half() if v.is_floating_point() else v for k, v in model.items()}
-        ckpt.update(optimizer=None, scaler=None, epoch=-1)
-        ckpt.pop("train_model", None)
-    else:
-        raise CheckpointError(f"checkpoint {source} has no 'model' (a state_dict or a module) to strip")
-    atomic_torch_save(ckpt, target)
-    saved_as = f", saved as {target}" if target != source else ""
-    LOGGER.info(f"Optimizer stripped from {source}{saved_as}, {target.stat().st_size / 1e6:.1f}MB")
-    return target
-
-
-def restore_training(
-    ckpt: Mapping[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    ema: Any | None = None,
-    scaler: Any | None = None,
-) -> tuple[int, float]:
-    """Put a resumed run back where the checkpoint left it.
-
-    Loads the weights into ``model`` (the raw ``train_model`` weights when the checkpoint
-    has them, else the EMA's) and into ``ema.ema`` (restoring ``ema.updates``), the
-    optimizer and the scaler state when given and present.
-
-    Returns:
-        ``(start_epoch, best_fitness)``: the epoch to start from (checkpoint epoch + 1).
-
-    Raises:
-        CheckpointError: the checkpoint was stripped (epoch -1) or has no optimizer state
-            while an optimizer was given.
-    """
-    epoch = int(ckpt.get("epoch", -1))
-    # epoch -1 with an optimizer state is a run stopped during its first epoch: resumable
-    if optimizer is not None and ckpt.get("optimizer") is None:
-        raise CheckpointError(
-            "this checkpoint cannot resume training: it was stripped (no optimizer state, epoch -1); "
-            "start a new run with it as pretrained weights instead"
-        )
-    de_parallel(model).load_state_dict(ckpt.get("train_model") or ckpt["model"])
-    if ema is not None:
-        ema.ema.load_state_dict(ckpt["model"])
-        ema.updates = int(ckpt.get("ema_updates", 0))
-    if optimizer is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
-    if scaler is not None and ckpt.get("scaler") is not None:
-        scaler.load_state_dict(ckpt["scaler"])
-    return epoch + 1, float(ckpt.get("best_fitness", 0.0))
-
-
-def latest_checkpoint(project: str | Path, run_key: str | None = None) -> Path | None:
-    """The newest ``<project>/<run>/weights/last.pt``, for ``--resume`` without a path.
-
-    Args:
-        project: the directory that holds the runs (``runs/train``).
-        run_key: when given, only runs whose ``opt.yaml`` records this ``run_key`` count: an
-            elastic restart finds its own run, never another job's in the same project.
-
-    Returns:
-        The path, or None when there is none.
-
-    Examples:
-        >>> latest_checkpoint("no/such/project") is None
-        True
-    """
-    import yaml  # lazy: only resuming needs it
-
-    candidates = sorted(Path(project).glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for candidate in candidates:
-        if run_key is None:
-            return candidate
-        opt_file = candidate.parent.parent / "opt.yaml"
-        try:
-            recorded = (yaml.safe_load(opt_file.read_text()) or {}).get("run_key")
-        except (OSError, yaml.YAMLError, AttributeError):
-            continue
-        if recorded == run_key:
-            return candidate
-    return None
-
-
-class Checkpointer:
-    """Own a run's checkpoint files: ``weights/last.pt``, ``best.pt`` and ``epochN.pt``.
-
-    Each :meth:`save` builds the checkpoint once (EMA weights, the raw training weights,
-    optimizer, scaler, options, hyperparameters), serialises it once, and writes the same
-    bytes atomically to every file that is due. Only the main process writes; elsewhere
-    :meth:`save` returns an empty list at once, so every rank may call it.
-
-    Args:
-        save_dir: the run directory; files go to ``save_dir/weights``.
-        opt: the run's options (stored in every checkpoint).
-        hyp: the hyperparameters the run used (stored as given: the same as ``hyp.yaml``).
-        save_period: also keep ``epoch{N}.pt`` every ``save_period`` epochs (<= 0: never).
-
-    Examples:
-        >>> import tempfile
-        >>> from ddp_utils.engine import ModelEMA
-        >>> model = nn.Linear(2, 1)
-        >>> ckpts = Checkpointer(tempfile.mkdtemp(), opt={"epochs": 3}, hyp={"lr0": 0.01}, save_period=1)
-        >>> [p.name for p in ckpts.save(0, model, ModelEMA(model), best=True)]
-        ['last.pt', 'best.pt', 'epoch0.pt']
-    """
-
-    def __init__(
-        self, save_dir: str | Path, opt: Any = None, hyp: Mapping[str, Any] | None = None, save_period: int = -1
-    ) -> None:
-        self.weights_dir = Path(save_dir) / "weights"
-        self.last = self.weights_dir / "last.pt"
-        self.best = self.weights_dir / "best.pt"
-        self.opt = to_plain(opt) if opt is not None else {}
-        self.hyp = to_plain(dict(hyp)) if hyp is not None else {}
-        self.save_period = int(save_period)
-
-    def targets(self, epoch: int, best: bool = False, periodic: bool = True) -> list[Path]:
-        """The files a save after ``epoch`` writes: last, then best when ``best``, then epochN when due."""
-        paths = [self.last]
-        if best:
-            paths.append(self.best)
-        if periodic and self.save_period > 0 and (epoch + 1) % self.save_period == 0:
-            paths.append(self.weights_dir / f"epoch{epoch}.pt")
-        return paths
-
-    def save(
-        self,
-        epoch: int,
-        model: nn.Module,
-        ema: Any,
-        optimizer: torch.optim.Optimizer | None = None,
-        scaler: Any | None = None,
-        best_fitness: float = 0.0,
-        best: bool = False,
-        periodic: bool = True,
-    ) -> list[Path]:
-        """Write the checkpoint of ``epoch`` to last.pt (and best.pt, epochN.pt when due).
-
-        Args:
-            epoch: the last finished epoch (-1: none yet; resuming redoes epoch 0).
-            model: the model being trained (wrappers are looked through).
-            ema: its :class:`~ddp_utils.engine.ModelEMA`; ``ema.ema`` is the checkpoint's ``model``.
-            optimizer: its state is stored for resuming.
-            scaler: a GradScaler; stored only when enabled.
-            best_fitness: the best fitness so far.
-            best: this epoch is the best so far: also write best.pt.
-            periodic: whether epochN.pt may be due (False for a save of an interrupted epoch).
-
-        Returns:
-            The paths written (empty on other ranks).
-
-        Raises:
-            CheckpointWriteError: a write failed; the previous file there is intact.
-        """
-        if not is_main_process():
-            return []
-        enabled = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
-        ckpt = build_checkpoint(
-            ema.ema,
-            train_model=model,
-            optimizer=optimizer,
-            scaler=scaler if enabled else None,
-            ema_updates=ema.updates,
-            epoch=epoch,
-            best_fitness=best_fitness,
-            opt=self.opt,
-            hyp=self.hyp,
-        )
-        check_plain(ckpt)
-        buffer = io.BytesIO()
-        torch.save(ckpt, buffer)
-        data = buffer.getvalue()
-        return [atomic_write_bytes(data, path) for path in self.targets(epoch, best, periodic)]
+def __getattr__(name: str):
+    if name in _MOVED:
+        module = importlib.import_module(f"{__package__}.{_MOVED[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.data import images
+from ddp_utils.data import image_cache, images
 from ddp_utils.data.images import DiskImageCache, SharedImageCache, load_image, normalize_cache, resized_shape
 from tests.multiproc import REPO_ROOT, describe, launch, records
 
@@ -123,9 +123,9 @@ def test_shared_cache_matches_decoding_and_pickles_without_data(tmp_path):
 
 def test_shared_cache_falls_back_to_disk_when_shm_is_small(tmp_path, monkeypatch, ddp_log):
     files = write_images(tmp_path, [(80, 80), (60, 90)])
-    real = images.disk_free
-    monkeypatch.setattr(images, "disk_free", lambda d: 64 if str(d) == "/dev/shm" else real(d))
-    monkeypatch.setattr(images, "_job_id", lambda: f"test-fallback-{os.getpid()}")
+    real = image_cache.disk_free
+    monkeypatch.setattr(image_cache, "disk_free", lambda d: 64 if str(d) == "/dev/shm" else real(d))
+    monkeypatch.setattr(image_cache, "_job_id", lambda: f"test-fallback-{os.getpid()}")
     cache = SharedImageCache.build(files, shapes_of(files, 64), 64)
     assert cache is not None and not cache.path.startswith("/dev/shm")
     assert "too small" in ddp_log.text
@@ -135,7 +135,7 @@ def test_shared_cache_falls_back_to_disk_when_shm_is_small(tmp_path, monkeypatch
 
 def test_shared_cache_refuses_when_memory_is_short(tmp_path, monkeypatch, ddp_log):
     files = write_images(tmp_path, [(80, 80)])
-    monkeypatch.setattr(images, "mem_available", lambda: 1000)
+    monkeypatch.setattr(image_cache, "mem_available", lambda: 1000)
     assert SharedImageCache.build(files, shapes_of(files, 64), 64) is None
     assert "not caching images in RAM" in ddp_log.text
 
@@ -250,7 +250,7 @@ def test_buffers_of_dead_jobs_are_removed(tmp_path, monkeypatch):
     files = write_images(tmp_path / "img", [(40, 40)])
     shm = tmp_path / "shm"
     shm.mkdir()
-    monkeypatch.setattr(images, "_SHM_DIR", shm)
+    monkeypatch.setattr(image_cache, "_SHM_DIR", shm)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     orphan = shm / f"ddp_utils_images_0123456789abcdef0123.{dead.stdout.strip()}.bin"
     orphan.write_bytes(b"x" * 100)
