@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from ddp_utils.dist import debug_env
+from ddp_utils.dist.debug import trace_buffer_variable
 
 from .multiproc import REPO_ROOT, describe, launch, records
 
@@ -41,13 +42,25 @@ def test_mismatched_shapes_name_the_ranks_and_the_shapes(tmp_path):
         assert record["env"]["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_ddp_trains_on_its_own_group_while_the_default_group_stays_checked(tmp_path):
+    # torch 2.14: DDP on the gloo group wrapped for DETAIL dies of SIGSEGV; ddp_process_group avoids it
+    workers = launch("tests.workers.dist_debug_scenarios:ddp_then_mismatch", 2, 120, (str(tmp_path),))
+    assert [w.returncode for w in workers] == [0, 0], describe(workers)
+    for record in records(workers):
+        grads = record["grads"]
+        assert grads[0] == pytest.approx(grads[1])  # DDP averaged the gradients
+        assert record["error"] and f"Rank {1 - record['rank']} is running collective" in record["error"]
+
+
 def test_debug_env_turns_on_the_checks_and_the_flight_recorder(tmp_path):
     env = debug_env(tmp_path, trace_buffer_size=500)
     assert env == {
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "500",
+        trace_buffer_variable(): "500",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "nccl_trace_rank_"),
     }
 
@@ -61,3 +74,17 @@ def test_train_py_takes_dist_debug_and_requeue_signal():
     opt = train.parse_opt(["--dist-debug", "--requeue-signal", "USR2"])
     assert opt.dist_debug and opt.requeue_signal == "USR2"
     assert not train.parse_opt([]).dist_debug and train.parse_opt([]).requeue_signal is None
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_train_py_dist_debug_trains_under_torchrun_on_gloo(tmp_path):
+    from .test_train import run, tiny_data_yaml, torchrun, train_args, train_env
+
+    data = tiny_data_yaml(tmp_path)
+    result = run(torchrun(2, *train_args(data, tmp_path / "runs", "--epochs", "1", "--noplots", "--dist-debug")),
+                 train_env(), 240)  # fmt: skip
+    assert result.returncode == 0, describe([result])
+    assert "distributed debugging on: TORCH_DISTRIBUTED_DEBUG=DETAIL" in result.stderr
+    assert (tmp_path / "runs" / "run" / "weights" / "last.pt").is_file()

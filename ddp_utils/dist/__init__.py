@@ -8,7 +8,8 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
   (stable across elastic restarts and SLURM requeues). The only module of ddp_utils that reads
   launcher variables, and only when asked.
 - ``debug.py``: :func:`enable_debug` (:class:`DistDebug`): PyTorch's collective checks and NCCL's
-  flight recorder, turned on before the group forms, so a hang or a mismatch names the rank.
+  flight recorder, turned on before the group forms, so a hang or a mismatch names the rank;
+  :func:`ddp_process_group`, the group DDP can use under it.
 - ``group.py``: :func:`init_distributed` (the one place a process is bound to its device;
   the device decides the backend), :func:`cleanup`, :func:`barrier`, and the rank queries.
 - ``collectives.py``: :func:`reduce_tensor`, :func:`reduce_dict`, :func:`any_rank`,
@@ -28,7 +29,7 @@ from .collectives import (
     reduce_dict,
     reduce_tensor,
 )
-from .debug import DistDebug, debug_env, enable_debug
+from .debug import DistDebug, ddp_process_group, debug_env, enable_debug
 from .env import DistEnvError, DistInfo, dist_info, env_rank, first_slurm_host, launch_key, slurm_job_id
 from .group import (
     DEFAULT_TIMEOUT_S,
@@ -68,6 +69,7 @@ __all__ = [
     "broadcast_object",
     "cleanup",
     "collective_device",
+    "ddp_process_group",
     "de_parallel",
     "debug_env",
     "default_backend",

@@ -8,11 +8,17 @@ the process group forms:
   at once, naming the ranks and the ops, instead of hanging or reducing garbage. Costs one
   small gloo exchange per collective: for debugging, not for production runs.
 - NCCL: asynchronous error handling (a failed or timed-out collective aborts the process
-  instead of hanging), and the flight recorder: the last ``trace_buffer_size`` collectives
-  of each rank, dumped on a timeout to ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``, which
-  shows which rank stopped at which collective.
+  instead of hanging), and the flight recorder (``TORCH_FR_BUFFER_SIZE``, before torch 2.11
+  ``TORCH_NCCL_TRACE_BUFFER_SIZE``): the last ``trace_buffer_size`` collectives of each rank,
+  dumped on a timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``) to ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``,
+  which shows which rank stopped at which collective.
 
 Variables the user set already are kept: the user's word wins.
+
+One caveat, measured on torch 2.14: DistributedDataParallel on a gloo group that torch wrapped
+for DETAIL crashes (SIGSEGV in ``c10d::Logger::set_env_variables``, which takes the wrapper for
+the gloo backend). :func:`ddp_process_group` gives DDP a second gloo group of the same ranks,
+unwrapped: its gradient all-reduces go unchecked, every other collective stays checked.
 """
 
 from __future__ import annotations
@@ -21,12 +27,30 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ..log import LOGGER
 
 TRACE_BUFFER_SIZE = 2000
+
+
+def trace_buffer_variable(version: str = torch.__version__) -> str:
+    """The variable that sizes the flight recorder: TORCH_FR_BUFFER_SIZE from torch 2.11, before it the NCCL name.
+
+    torch 2.11 and later warn about the old name on every rank, so only one of the two is set.
+
+    Examples:
+        >>> trace_buffer_variable("2.14.1+cu130"), trace_buffer_variable("2.5.0")
+        ('TORCH_FR_BUFFER_SIZE', 'TORCH_NCCL_TRACE_BUFFER_SIZE')
+    """
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    return "TORCH_FR_BUFFER_SIZE" if (major, minor) >= (2, 11) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+
+
+_ddp_groups: dict[int, Any] = {}  # id of the default group -> DDP's unwrapped gloo group
 
 
 @dataclass(frozen=True)
@@ -60,7 +84,7 @@ def debug_env(dump_dir: str | Path | None = None, trace_buffer_size: int = TRACE
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(trace_buffer_size),
+        trace_buffer_variable(): str(trace_buffer_size),
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(directory / "nccl_trace_rank_"),
     }
 
@@ -94,7 +118,33 @@ def enable_debug(dump_dir: str | Path | None = None, trace_buffer_size: int = TR
         dist.set_debug_level_from_env()
     LOGGER.info(
         f"distributed debugging on: TORCH_DISTRIBUTED_DEBUG={in_force['TORCH_DISTRIBUTED_DEBUG']} checks every "
-        f"collective across ranks; NCCL flight recorder of {in_force['TORCH_NCCL_TRACE_BUFFER_SIZE']} collectives "
+        f"collective across ranks; NCCL flight recorder of {in_force[trace_buffer_variable()]} collectives "
         f"dumps to {dump_prefix}<rank> on a timeout"
     )
     return DistDebug(env=in_force, dump_prefix=dump_prefix)
+
+
+def ddp_process_group() -> Any | None:
+    """The process group to give ``DistributedDataParallel(process_group=...)``; every rank must call it.
+
+    None (DDP's default: the default group) except under :func:`enable_debug` on gloo, where
+    it is a second gloo group of all ranks formed without torch's debug wrapper, since DDP
+    crashes on the wrapped one (see the module's notes). Formed once per default group.
+
+    Examples:
+        >>> ddp_process_group() is None  # no process group
+        True
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if dist.get_debug_level() != dist.DebugLevel.DETAIL or dist.get_backend() != "gloo":
+        return None
+    key = id(dist.group.WORLD)
+    if key not in _ddp_groups:
+        _ddp_groups.clear()  # a group of an earlier default group is gone with it
+        dist.set_debug_level(dist.DebugLevel.OFF)  # torch wraps new groups only at DETAIL
+        try:
+            _ddp_groups[key] = dist.new_group(backend="gloo")
+        finally:
+            dist.set_debug_level(dist.DebugLevel.DETAIL)
+    return _ddp_groups[key]

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_utils as du
-from ddp_utils.dist import enable_debug
+from ddp_utils.dist import ddp_process_group, enable_debug
 
 
 def mismatched_collective(dump_dir: str, kind: str) -> None:
@@ -27,5 +27,24 @@ def mismatched_collective(dump_dir: str, kind: str) -> None:
     except RuntimeError as exc:
         error = str(exc)
     sys.stdout.write(json.dumps({"rank": rank, "error": error, "env": settings.env}) + "\n")
+    sys.stdout.flush()
+    du.cleanup(wait=False)
+
+
+def ddp_then_mismatch(dump_dir: str) -> None:
+    """DDP trains a step on ddp_process_group(); a mismatched all-reduce on the default group is still caught."""
+    enable_debug(dump_dir)
+    du.init_distributed(device="cpu", timeout=60)
+    rank = dist.get_rank()
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=ddp_process_group())
+    ddp(torch.randn(2, 3, 8, 8)).sum().backward()
+    grads_equal = du.all_gather_object(model[0].weight.grad.sum().item())
+    try:
+        dist.all_reduce(torch.ones(3 + rank))
+        error = None
+    except RuntimeError as exc:
+        error = str(exc)
+    sys.stdout.write(json.dumps({"rank": rank, "error": error, "grads": grads_equal}) + "\n")
     sys.stdout.flush()
     du.cleanup(wait=False)
