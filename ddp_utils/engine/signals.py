@@ -166,9 +166,9 @@ def requeue_signal(name: str | None = None, environ: Mapping[str, str] | None = 
         ValueError: ``name`` is no signal; the message names it.
 
     Examples:
-        >>> requeue_signal("USR2", environ={}).name, requeue_signal(environ={"SLURM_JOB_ID": "7"}).name
+        >>> requeue_signal("USR2", environ={}).name, requeue_signal("SIGUSR1", environ={}).name
         ('SIGUSR2', 'SIGUSR1')
-        >>> requeue_signal(environ={}) is None, requeue_signal("none", environ={"SLURM_JOB_ID": "7"}) is None
+        >>> requeue_signal(environ={}) is None, requeue_signal("none", environ={}) is None  # not a SLURM job
         (True, True)
     """
     env = os.environ if environ is None else environ
