@@ -78,6 +78,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--save-period", type=int, default=-1, help="also save epochN.pt every N epochs (-1: never)")
     add("--seed", type=int, default=0)
     add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
+    add("--requeue-signal", default=None, help="signal to save, requeue the SLURM job and exit (default USR1 "
+        "under SLURM, or DDP_UTILS_REQUEUE_SIGNAL; 'none': off)")  # fmt: skip
+    add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -153,6 +156,8 @@ def main(opt: argparse.Namespace) -> None:
         device = du.select_device(opt.device, batch_size=opt.batch_size if opt.batch_size > 0 else None)
     except USER_ERRORS as exc:
         usage_error(str(exc))
+    if opt.dist_debug:  # before the group forms: torch wraps it to check every collective across ranks
+        du.dist.enable_debug(Path(opt.project) / "dist_debug")
     du.init_distributed(device=device)
     finished = False
     try:
@@ -260,7 +265,8 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
     if info.distributed:
         if opt.sync_bn:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(run.device)
-        model = DDP(model, device_ids=[run.device.index] if cuda else None)
+        # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.dist.debug); else None
+        model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=du.dist.ddp_process_group())
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
     multi_scale = (run.imgsz, run.gs) if opt.multi_scale else None
@@ -292,7 +298,11 @@ def train(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> d
     # ---- the training loop ----
     # the last validation's (metrics, val_loss): epochs skipped by --noval report them again, as results.csv did
     last_val, epoch = ({"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}, torch.zeros(3)), start_epoch
-    with engine.PreemptionHandler() as preemption:
+    try:
+        requeue = engine.signals.requeue_signal(opt.requeue_signal)
+    except ValueError as exc:
+        usage_error(str(exc))
+    with engine.PreemptionHandler(requeue_signals=(requeue,) if requeue else ()) as preemption:
         for epoch in range(start_epoch, opt.epochs):
             run.train_loader.set_epoch(epoch)
             plot = plot_first_batches(save_dir, run.names, info.is_main and epoch == start_epoch and not opt.noplots)
@@ -308,6 +318,8 @@ def train(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> d
                                  periodic=False)  # fmt: skip
                 du.LOGGER.warning(f"stopped by a signal during epoch {epoch + 1}: saved {checkpoints.last}; "
                                   f"continue with: python train.py --resume {checkpoints.last}")  # fmt: skip
+                if preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
+                    engine.signals.requeue_job()
                 break
             last_val, best_fitness, stop = validate_and_checkpoint(
                 run, opt, epoch, step, stats, train_loss, lrs, logger, stopper, checkpoints, best_fitness, last_val

@@ -109,8 +109,8 @@ def test_launch_key_same_on_a_nodes_ranks_and_across_restarts_new_for_a_new_laun
 def test_launch_key_slurm_and_single_process():
     slurm = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77",
              "SLURM_NODELIST": "gpu[1-2]"}  # fmt: skip
-    assert launch_key(environ=slurm) == f"slurm/77/gpu1:{20000 + 77}"
-    assert launch_key(environ={**slurm, "SLURM_JOB_ID": "78"}) == f"slurm/78/gpu1:{20000 + 78}"  # another job
+    assert launch_key(environ=slurm) == "slurm/77"  # a requeued job keeps it, on whichever nodes it lands
+    assert launch_key(environ={**slurm, "SLURM_JOB_ID": "78"}) == "slurm/78"  # another job
     assert launch_key(environ={}) == f"single/pid={os.getpid()}"
 
 

@@ -4,8 +4,12 @@ Every helper is a no-op, or returns the single-process answer, without a process
 so the same code runs under ``python`` and under ``torchrun``/``srun``.
 
 - ``env.py``: :class:`DistInfo` and :func:`dist_info` from torchrun's or SLURM's variables,
-  :func:`first_slurm_host`, and the launch identity :func:`launch_key`. The only module of
-  ddp_utils that reads launcher variables, and only when asked.
+  :func:`first_slurm_host`, :func:`slurm_job_id`, and the launch identity :func:`launch_key`
+  (stable across elastic restarts and SLURM requeues). The only module of ddp_utils that reads
+  launcher variables, and only when asked.
+- ``debug.py``: :func:`enable_debug` (:class:`DistDebug`): PyTorch's collective checks and NCCL's
+  flight recorder, turned on before the group forms, so a hang or a mismatch names the rank;
+  :func:`ddp_process_group`, the group DDP can use under it.
 - ``group.py``: :func:`init_distributed` (the one place a process is bound to its device;
   the device decides the backend), :func:`cleanup`, :func:`barrier`, and the rank queries.
 - ``collectives.py``: :func:`reduce_tensor`, :func:`reduce_dict`, :func:`any_rank`,
@@ -25,7 +29,8 @@ from .collectives import (
     reduce_dict,
     reduce_tensor,
 )
-from .env import DistEnvError, DistInfo, dist_info, env_rank, first_slurm_host, launch_key
+from .debug import DistDebug, ddp_process_group, debug_env, enable_debug
+from .env import DistEnvError, DistInfo, dist_info, env_rank, first_slurm_host, launch_key, slurm_job_id
 from .group import (
     DEFAULT_TIMEOUT_S,
     barrier,
@@ -54,6 +59,7 @@ from .zero_first import (
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "HEARTBEAT_S",
+    "DistDebug",
     "DistEnvError",
     "DistInfo",
     "RankFailedError",
@@ -63,10 +69,13 @@ __all__ = [
     "broadcast_object",
     "cleanup",
     "collective_device",
+    "ddp_process_group",
     "de_parallel",
+    "debug_env",
     "default_backend",
     "default_device",
     "dist_info",
+    "enable_debug",
     "env_rank",
     "first_slurm_host",
     "get_rank",
@@ -77,6 +86,7 @@ __all__ = [
     "is_parallel",
     "launch_key",
     "rank_zero_only",
+    "slurm_job_id",
     "reduce_dict",
     "reduce_tensor",
     "torch_distributed_rank_zero_first",

@@ -5,6 +5,10 @@ RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_*, srun's SLURM_*), and it reads them
 asked, never at import. torchrun's variables win; SLURM's serve when torchrun's are
 absent; else this is a single process, with rank and local_rank -1 as in YOLOv5.
 
+Other launchers fit one of these shapes: Kubeflow's PyTorchJob starts ``python train.py``
+once per pod with MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK (no LOCAL_RANK: one process
+per pod, so local rank 0 of a local world of 1), or ``torchrun`` under its elastic policy.
+
 It imports nothing else from ddp_utils, so that the logger can ask it for the rank.
 """
 
@@ -33,7 +37,9 @@ class DistInfo:
         node_rank: index of this node (torchrun's GROUP_RANK, SLURM_NODEID).
         master_addr: address of the rendezvous store, or None.
         master_port: port of the rendezvous store, or None.
-        restart_count: how often torchrun's elastic agent restarted the workers.
+        restart_count: how often this job was restarted: by torchrun's elastic agent
+            (TORCHELASTIC_RESTART_COUNT), by SLURM's requeue (SLURM_RESTART_COUNT), or both.
+            Above 0, train.py resumes the run this job started.
         source: "torchrun", "slurm" or "single": which environment described the job.
     """
 
@@ -154,11 +160,15 @@ def _torchrun_info(env: Mapping[str, str]) -> DistInfo:
             "environment variable RANK is missing while LOCAL_RANK is set: launch with torchrun "
             "(or python -m torch.distributed.run), which sets RANK, WORLD_SIZE and LOCAL_RANK"
         )
-    why = "torchrun sets RANK, LOCAL_RANK and WORLD_SIZE together"
+    why = "torchrun sets RANK, LOCAL_RANK and WORLD_SIZE together (a PyTorchJob sets RANK and WORLD_SIZE)"
     rank = _require(env, "RANK", why)
     world_size = _require(env, "WORLD_SIZE", why)
-    local_rank = _env_int(env, "LOCAL_RANK", rank)
-    local_world_size = _env_int(env, "LOCAL_WORLD_SIZE", world_size)
+    if "LOCAL_RANK" in env:
+        local_rank = _require(env, "LOCAL_RANK", why)
+        local_world_size = _env_int(env, "LOCAL_WORLD_SIZE", world_size)
+    else:  # a PyTorchJob's pod (or any launcher of one process per machine): alone on its node
+        local_rank = 0
+        local_world_size = _env_int(env, "LOCAL_WORLD_SIZE", 1)
     node_rank = _env_int(env, "GROUP_RANK")
     if node_rank is None:
         node_rank = _env_int(env, "NODE_RANK", rank // max(local_world_size, 1))
@@ -170,7 +180,8 @@ def _torchrun_info(env: Mapping[str, str]) -> DistInfo:
         node_rank=node_rank,
         master_addr=env.get("MASTER_ADDR") or None,
         master_port=_env_int(env, "MASTER_PORT"),
-        restart_count=_env_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        # torchrun run by srun (one agent per node): a requeued job restarts torchrun at count 0
+        restart_count=_env_int(env, "TORCHELASTIC_RESTART_COUNT", 0) + _env_int(env, "SLURM_RESTART_COUNT", 0),
         source="torchrun",
     )
 
@@ -194,14 +205,37 @@ def _slurm_info(env: Mapping[str, str]) -> DistInfo:
     )
 
 
+def slurm_job_id(environ: Mapping[str, str] | None = None) -> str | None:
+    """The id to requeue this SLURM job by, None outside SLURM.
+
+    A task of a job array has a job id of its own, but ``scontrol`` also knows it as
+    ``ARRAYJOB_TASK``; that name is what SLURM prints, so it is the one used here.
+
+    Examples:
+        >>> slurm_job_id({"SLURM_JOB_ID": "4242"})
+        '4242'
+        >>> slurm_job_id({"SLURM_JOB_ID": "4243", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "3"})
+        '4240_3'
+        >>> slurm_job_id({}) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and array_task:
+        return f"{array_job}_{array_task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
 def launch_key(info: DistInfo | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """A name for this launch: the same on a node's processes and across elastic restarts.
+    """A name for this launch: the same on a node's processes, across elastic restarts and SLURM requeues.
 
     Two launches sharing a node get different keys, so it names per-launch state (the
-    node's shared image cache, the run an elastic restart resumes). Under torchrun it is
+    node's shared image cache, the run a restart resumes). Under torchrun it is
     the rendezvous id and address plus the directory torchrun's agent keeps for this launch
     (TORCHELASTIC_ERROR_FILE = <dir>/attempt_N/<rank>/error.json), which a restart keeps and
-    a new launch does not; under srun, the job id and address; a single process, its pid.
+    a new launch does not; under srun, the job id alone, since a requeued job keeps its id but
+    may run on other nodes; under torchrun inside a SLURM job, the job id and the rendezvous id
+    (torchrun's agent directory is new after a requeue); a single process, its pid.
 
     Args:
         info: this process's place in the job; read from ``environ`` when None.
@@ -220,7 +254,9 @@ def launch_key(info: DistInfo | None = None, environ: Mapping[str, str] | None =
     if not info.distributed:
         return f"single/pid={os.getpid()}"
     if info.source == "slurm":
-        return f"slurm/{env.get('SLURM_JOB_ID', '')}/{info.master_addr}:{info.master_port}"
+        return f"slurm/{env.get('SLURM_JOB_ID', '')}"
+    if env.get("SLURM_JOB_ID") and env.get("TORCHELASTIC_RUN_ID"):
+        return f"slurm/{env['SLURM_JOB_ID']}/torchrun/{env['TORCHELASTIC_RUN_ID']}"
     error_file = env.get("TORCHELASTIC_ERROR_FILE")
     agent_dir = str(Path(error_file).parents[2]) if error_file and len(Path(error_file).parents) > 2 else ""
     return f"{env.get('TORCHELASTIC_RUN_ID', '')}/{info.master_addr}:{info.master_port}/{agent_dir}"

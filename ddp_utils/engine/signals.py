@@ -9,20 +9,29 @@ loop together and exit cleanly.
 
 A second delivery of the same signal gives it back its previous behaviour (for SIGTERM
 and SIGINT by default: terminate), so a second Ctrl-C still stops a stuck run.
+
+Requeue signals (SLURM's ``#SBATCH --signal=USR1@90``, see :func:`requeue_signal`) stop the
+loop the same way and also ask for the job to be requeued: after rank 0 saved ``last.pt``,
+it calls :func:`requeue_job` (``scontrol requeue JOBID``, as Lightning's
+``SLURMEnvironment(auto_requeue=True)`` does). SLURM may deliver such a signal to a process
+twice (directly and through torchrun's agent), so repeats are ignored.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import threading
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..dist import any_rank, collective_device, is_dist_initialized
+from ..dist import any_rank, collective_device, dist_info, is_dist_initialized, slurm_job_id
 from ..log import LOGGER
 
 
@@ -31,6 +40,7 @@ class PreemptionHandler:
 
     Args:
         signals: the signals to catch; SIGTERM by default (add ``signal.SIGINT`` to catch Ctrl-C).
+        requeue_signals: signals that also ask for a requeue (:attr:`requeue`); repeats are ignored.
 
     Examples:
         >>> with PreemptionHandler() as preempt:
@@ -41,9 +51,11 @@ class PreemptionHandler:
         False
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
-        self.signals = tuple(signals)
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,), requeue_signals: tuple[int, ...] = ()) -> None:
+        self.requeue_signals = tuple(requeue_signals)
+        self.signals = tuple(dict.fromkeys([*signals, *self.requeue_signals]))
         self.received: int | None = None
+        self.requeue = False
         self._previous: dict[int, Any] = {}
         self._pending: tuple[Any, torch.Tensor] | None = None
 
@@ -67,6 +79,15 @@ class PreemptionHandler:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum in self.requeue_signals:
+            if not self.requeue:
+                self.requeue = True
+                if self.received is None:
+                    self.received = signum
+                LOGGER.warning(
+                    f"received {signal.Signals(signum).name}: finishing this step, then saving and requeueing the job"
+                )
+            return
         if self.received is None:
             self.received = signum
             LOGGER.warning(
@@ -84,6 +105,10 @@ class PreemptionHandler:
     def requested(self) -> bool:
         """True when this process received one of the signals."""
         return self.received is not None
+
+    def requeue_anywhere(self) -> bool:
+        """True when any rank received a requeue signal (a max all-reduce: every rank must call it)."""
+        return any_rank(self.requeue)
 
     def requested_anywhere(self) -> bool:
         """True when any rank received one of the signals (a max all-reduce: every rank must call it).
@@ -126,3 +151,86 @@ class PreemptionHandler:
         self._pending = None
         work.wait()
         return bool(flag.item() > 0)  # CPU-GPU sync point (NCCL): the previous step's result
+
+
+def requeue_signal(name: str | None = None, environ: Mapping[str, str] | None = None) -> signal.Signals | None:
+    """The signal that asks this job to save and requeue itself, or None for none.
+
+    Args:
+        name: "USR1", "SIGUSR2", "12", or "none"; when None, the environment's
+            ``DDP_UTILS_REQUEUE_SIGNAL``, else USR1 inside a SLURM job (``#SBATCH --signal=USR1@90``),
+            else none.
+        environ: the environment to read; ``os.environ`` when None.
+
+    Raises:
+        ValueError: ``name`` is no signal; the message names it.
+
+    Examples:
+        >>> requeue_signal("USR2", environ={}).name, requeue_signal("SIGUSR1", environ={}).name
+        ('SIGUSR2', 'SIGUSR1')
+        >>> requeue_signal(environ={}) is None, requeue_signal("none", environ={}) is None  # not a SLURM job
+        (True, True)
+    """
+    env = os.environ if environ is None else environ
+    where = "--requeue-signal"
+    if name is None:
+        name, where = env.get("DDP_UTILS_REQUEUE_SIGNAL"), "DDP_UTILS_REQUEUE_SIGNAL"
+    if name is None:
+        return signal.SIGUSR1 if slurm_job_id(env) else None
+    text = name.strip().upper()
+    if text in ("", "NONE", "OFF", "0"):
+        return None
+    try:
+        return (
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
+        )
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{where}={name!r} is no signal: use USR1, USR2, another name from 'kill -l', or none"
+        ) from None
+
+
+def requeue_job(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> bool:
+    """Ask SLURM to requeue this job: ``scontrol requeue JOBID`` (rank 0 only; a no-op elsewhere).
+
+    The job keeps its id and SLURM_RESTART_COUNT grows by one, which makes the restarted
+    ``train.py`` resume this run. A failure (no ``scontrol`` on PATH, a refusal, a timeout)
+    is one warning line, never an exception: the checkpoint is saved either way.
+
+    Args:
+        environ: the environment to read; ``os.environ`` when None.
+        timeout: seconds to wait for ``scontrol``.
+
+    Returns:
+        True when ``scontrol`` accepted the request.
+
+    Examples:
+        >>> requeue_job(environ={})  # not a SLURM job: nothing to requeue
+        False
+    """
+    env = os.environ if environ is None else environ
+    job_id = slurm_job_id(env)
+    if job_id is None or not dist_info(env).is_main:
+        return False
+    scontrol = shutil.which("scontrol", path=env.get("PATH"))
+    if scontrol is None:
+        LOGGER.warning(f"could not requeue SLURM job {job_id}: no scontrol on PATH; resubmit the job to resume")
+        return False
+    try:
+        result = subprocess.run(
+            [scontrol, "requeue", job_id], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        LOGGER.warning(f"could not requeue SLURM job {job_id}: {scontrol} requeue {job_id}: {exc}")
+        return False
+    if result.returncode != 0:
+        reason = (result.stderr or result.stdout).strip().splitlines()
+        LOGGER.warning(
+            f"could not requeue SLURM job {job_id}: scontrol exited {result.returncode}"
+            + (f": {reason[-1]}" if reason else "")
+        )
+        return False
+    LOGGER.info(f"requeued SLURM job {job_id}: it restarts from the saved last.pt")
+    return True
