@@ -109,6 +109,10 @@ def check_opt(opt: argparse.Namespace, info: du.DistInfo) -> None:
         du.LOGGER.warning("--sync-bn has no effect in a single process")
     if opt.rect and opt.multi_scale:
         usage_error("--rect and --multi-scale do not go together: rect batches have fixed shapes")
+    try:
+        engine.signals.requeue_signal(opt.requeue_signal)
+    except ValueError as exc:
+        usage_error(str(exc))
 
 
 def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Namespace, dict | None]:
@@ -298,10 +302,7 @@ def train(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> d
     # ---- the training loop ----
     # the last validation's (metrics, val_loss): epochs skipped by --noval report them again, as results.csv did
     last_val, epoch = ({"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}, torch.zeros(3)), start_epoch
-    try:
-        requeue = engine.signals.requeue_signal(opt.requeue_signal)
-    except ValueError as exc:
-        usage_error(str(exc))
+    requeue = engine.signals.requeue_signal(opt.requeue_signal)  # checked by check_opt
     with engine.PreemptionHandler(requeue_signals=(requeue,) if requeue else ()) as preemption:
         for epoch in range(start_epoch, opt.epochs):
             run.train_loader.set_epoch(epoch)

@@ -227,6 +227,7 @@ def test_two_nodes_on_localhost_each_with_its_own_dataset(tmp_path):
         (["--rect", "--multi-scale"], {}, "--rect and --multi-scale"),
         (["--epochs", "0"], {}, "--epochs 0"),
         (["--batch-size", "-2"], {}, "--batch-size -2"),
+        (["--requeue-signal", "USR9"], {}, "--requeue-signal='USR9' is no signal"),
     ],
 )
 def test_bad_combinations_fail_before_any_process_group(args, env, message, tmp_path):

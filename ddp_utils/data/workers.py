@@ -24,6 +24,8 @@ from ..seed import seed_worker
 def init_worker(worker_id: int) -> None:
     """The loader's ``worker_init_fn``: signals, allocator, OpenCV threads, then the worker's seeds."""
     _outlive_group_sigterm()
+    if hasattr(signal, "SIGUSR1"):  # SLURM's requeue warning goes to every process of the job; the trainer acts on it
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _keep_freed_memory()
     cv2.setNumThreads(0)  # the workers are the parallelism; OpenCV threads inside each would oversubscribe
     seed_worker(worker_id)
