@@ -122,11 +122,17 @@ def clip_boxes(boxes: Boxes, shape: tuple[float, float]) -> Boxes:
 def xywhn_to_xyxy(boxes: np.ndarray, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
     """:func:`xywhn2xyxy` of a NumPy [n, 4] array, as float32 (the data pipeline's labels).
 
+    In float32 from the centre and half size, in 4 ufuncs: the pipeline's exact numbers since
+    before the YOLOv5-named function joined it (YOLOv5's operation order rounds differently).
+
     Examples:
         >>> xywhn_to_xyxy(np.array([[0.5, 0.5, 0.5, 0.5]]), 100, 50, 10, 0).tolist()
         [[35.0, 12.5, 85.0, 37.5]]
     """
-    return xywhn2xyxy(np.asarray(boxes, dtype=np.float32), w, h, padw, padh)
+    scale = np.array([w, h], np.float32)
+    centre = boxes[:, :2] * scale + np.array([padw, padh], np.float32)
+    half = boxes[:, 2:4] * (scale / 2)
+    return np.concatenate((centre - half, centre + half), axis=1, dtype=np.float32)
 
 
 def xyxy_to_xywhn(boxes: np.ndarray, w: float, h: float, clip: bool = True, eps: float = 1e-3) -> np.ndarray:

@@ -233,19 +233,18 @@ def precision_recall_per_class(
 ) -> tuple[list[int], np.ndarray, np.ndarray, float]:
     """Per-class precision and recall at the one confidence where the smoothed mean F1 peaks.
 
-    For each confidence tried (``steps`` quantiles of the scores, every score when there
-    are fewer), each labelled class's precision and recall are those of its detections
-    scoring at least that confidence (actual values, never interpolated, so both lie in
-    [0, 1]). The mean F1 over the labelled classes, smoothed over about ``smooth_fraction``
-    of the confidences tried, picks the confidence (the lowest one on a tie), as YOLOv5's
-    val picks it on its 1000-point confidence grid.
+    For each confidence tried (``steps`` evenly spaced in [0, 1], YOLOv5's grid), each
+    labelled class's precision and recall are those of its detections scoring at least that
+    confidence (actual values, never interpolated, so both lie in [0, 1]). The mean F1 over the
+    labelled classes, smoothed over about ``smooth_fraction`` of the confidences tried, picks the
+    confidence (the lowest one on a tie), as YOLOv5's val picks it.
 
     Args:
         scores: [n] detection confidences.
         classes: [n] detection classes.
         true_positive: [n] bool, the hits at IoU 0.5 (:func:`match_at_iou`).
         labels_per_class: number of ground-truth boxes of each class; classes without labels are left out.
-        steps: most confidences tried.
+        steps: confidences tried.
         smooth_fraction: width of the moving average over the mean F1 curve (0: none).
 
     Returns:
@@ -257,7 +256,9 @@ def precision_recall_per_class(
     true_positive = np.asarray(true_positive, dtype=bool)
     if not labelled or not len(scores):
         return labelled, np.zeros(len(labelled)), np.zeros(len(labelled)), 0.0
-    thresholds = np.unique(np.quantile(scores, np.linspace(0, 1, steps), method="lower"))  # ascending
+    # an even grid, not quantiles of the scores: with thousands of low-score detections (conf 0.001)
+    # quantiles crowd the low end, and the smoothing then blurs away the peak among the few high ones
+    thresholds = np.linspace(0.0, 1.0, steps)
     precision = np.zeros((len(labelled), len(thresholds)))
     recall = np.zeros_like(precision)
     for row, cls in enumerate(labelled):
