@@ -57,7 +57,8 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--weights", required=True, help="checkpoint: ours (best.pt, last.pt) or YOLOv5's")
     add("--data", default="shapes.yaml", help="dataset yaml (data/ or a path)")
     add("--batch-size", type=int, default=32, help="total batch size over all processes")
-    add("--imgsz", "--img", "--img-size", type=int, default=640, help="inference size (pixels)")
+    add("--imgsz", "--img", "--img-size", type=int, default=None,
+        help="inference size (pixels); default: the data yaml's train_defaults, as train.py, else 640")  # fmt: skip
     add("--conf-thres", type=float, default=0.001, help="confidence threshold")
     add("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
     add("--max-det", type=int, default=300, help="maximum detections per image")
@@ -73,7 +74,7 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     opt = parser.parse_args(argv)
-    if opt.batch_size < 1 or opt.imgsz < 1:
+    if opt.batch_size < 1 or (opt.imgsz is not None and opt.imgsz < 1):
         parser.error(f"--batch-size {opt.batch_size} and --imgsz {opt.imgsz} must be positive")
     return opt
 
@@ -195,6 +196,7 @@ def validate(opt: argparse.Namespace, device: torch.device, info: du.DistInfo) -
     names = ckpt_names or (["item"] if opt.single_cls and nc != len(data["names"]) else data["names"])
     if opt.half and device.type == "cuda":
         model.half()
+    opt.imgsz = opt.imgsz or data.get("train_defaults", {}).get("imgsz", 640)  # the size train.py used by default
     stride = max(int(model.stride.max()), 32)
     imgsz = math.ceil(opt.imgsz / stride) * stride
     if imgsz != opt.imgsz:
