@@ -23,7 +23,8 @@ from ..boxes import xywhn_to_xyxy, xyxy_to_xywhn
 from ..seed import derive_seed
 from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
 from .config import DataConfigError, hyp_value
-from .images import DiskImageCache, SharedImageCache, load_image, normalize_cache, read_image, resized_shape
+from .image_cache import DiskImageCache, SharedImageCache, normalize_cache
+from .images import load_image, read_image, resized_shape
 from .warp import mosaic4, random_perspective
 
 if TYPE_CHECKING:

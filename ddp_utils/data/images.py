@@ -3,8 +3,8 @@
 JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` when it is installed, everything
 else (and every file without it) by OpenCV; both give OpenCV's upright BGR pixels.
 
-The image caches (``SharedImageCache``, ``DiskImageCache``, ``normalize_cache`` and their
-helpers) moved to :mod:`ddp_utils.data.image_cache` and stay importable from here.
+The image caches (``SharedImageCache``, ``DiskImageCache``, ``normalize_cache``) live in
+:mod:`ddp_utils.data.image_cache`, which reads through this module.
 """
 
 from __future__ import annotations
@@ -126,33 +126,3 @@ def load_image(
 
 
 # The caches read images through this module, so they cannot be imported at its top: found on first use.
-_MOVED_TO_IMAGE_CACHE = frozenset(
-    {
-        "CACHE_MODES",
-        "DiskImageCache",
-        "SharedImageCache",
-        "_BUFFER_PREFIX",
-        "_HEADROOM",
-        "_SHM_DIR",
-        "_decode_all",
-        "_decode_into",
-        "_decode_scratch",
-        "_fill_buffer",
-        "_job_id",
-        "_pick_directory",
-        "_remove_orphans",
-        "_scratch",
-        "_unlink_at_exit",
-        "disk_free",
-        "mem_available",
-        "normalize_cache",
-    }
-)
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_IMAGE_CACHE:
-        from . import image_cache
-
-        return getattr(image_cache, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

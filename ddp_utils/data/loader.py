@@ -30,7 +30,7 @@ from ..dist import dist_info, get_rank, get_world_size, is_dist_initialized, tor
 from ..log import LOGGER
 from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset
-from .images import disk_free
+from .image_cache import disk_free
 from .labels import find_images, label_cache_path, load_labels
 from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
 from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from ddp_utils.data import image_cache, images
-from ddp_utils.data.images import DiskImageCache, SharedImageCache, load_image, normalize_cache, resized_shape
+from ddp_utils.data.image_cache import DiskImageCache, SharedImageCache, normalize_cache
+from ddp_utils.data.images import load_image, resized_shape
 from tests.multiproc import REPO_ROOT, describe, launch, records
 
 
@@ -143,7 +144,7 @@ def test_shared_cache_refuses_when_memory_is_short(tmp_path, monkeypatch, ddp_lo
 def test_shared_cache_file_removed_at_exit(tmp_path):
     files = write_images(tmp_path, [(50, 50)])
     code = (
-        "import sys, numpy as np; from ddp_utils.data.images import SharedImageCache;"
+        "import sys, numpy as np; from ddp_utils.data.image_cache import SharedImageCache;"
         f"c = SharedImageCache.build([{files[0]!r}], np.array([[50, 50]]), 50); print(c.path)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)

@@ -116,7 +116,8 @@ def ram_cache_pss(root: str, imgsz: str = "640") -> None:
 
 def ram_cache_builder(root: str, imgsz: str = "640", threads: str = "16") -> None:
     """The node's first process alone, decoding with ``threads`` threads (a many-core host's count)."""
-    from ddp_utils.data.images import SharedImageCache, resized_shape
+    from ddp_utils.data.image_cache import SharedImageCache
+    from ddp_utils.data.images import resized_shape
     from ddp_utils.data.labels import find_images, label_cache_path, load_labels
 
     files = find_images(f"{root}/images/train")
