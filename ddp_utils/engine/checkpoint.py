@@ -25,8 +25,8 @@ and a file from the internet cannot run code on load. :func:`build_checkpoint` m
 This module holds the format, the atomic save and the load. Built on them:
 :class:`~ddp_utils.engine.checkpointer.Checkpointer` (``checkpointer.py``), what a training
 loop uses for a run's ``last.pt``, ``best.pt`` and ``epochN.pt``; :func:`strip_optimizer`
-(``strip.py``); :func:`restore_training` and :func:`latest_checkpoint` (``resume.py``). Those
-names stay importable from here.
+(``strip.py``); :func:`restore_training` and :func:`latest_checkpoint` (``resume.py``); all of
+them also from :mod:`ddp_utils.engine`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import contextlib
 import enum
 import errno
 import glob
-import importlib
 import os
 import pickle
 import re
@@ -365,23 +364,3 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
             f"checkpoint {path} pickles objects from module {exc.name!r}, which is not importable here "
             "(a YOLOv5/Ultralytics .pt needs their code on sys.path)"
         ) from exc
-
-
-# The modules that moved out import this one, so they cannot be imported at its top: found on first use.
-_MOVED = {
-    "Checkpointer": "checkpointer",
-    "strip_optimizer": "strip",
-    "_DATA_GLOBALS": "strip",
-    "_is_allowed": "strip",
-    "_own_module_classes": "strip",
-    "_strip_pickled_model": "strip",
-    "restore_training": "resume",
-    "latest_checkpoint": "resume",
-}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        module = importlib.import_module(f"{__package__}.{_MOVED[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
