@@ -183,19 +183,12 @@ def test_older_model_class_with_focus_spp_and_anchor_grid_buffer(tmp_path: Path)
 def module_at(path: str, *classes: type) -> Iterator[None]:
     """Put classes at module ``path`` (and its parents) in sys.modules for one torch.save."""
     parts = path.split(".")
-    names = [".".join(parts[: i + 1]) for i in range(len(parts))]
-    saved = {n: sys.modules[n] for n in names if n in sys.modules}
-    modules = {n: types.ModuleType(n) for n in names}
+    modules = {n: types.ModuleType(n) for n in (".".join(parts[: i + 1]) for i in range(len(parts)))}
     for cls in classes:
         cls.__module__ = path
         setattr(modules[path], cls.__name__, cls)
-    sys.modules.update(modules)
-    try:
+    with v5.installed_modules(modules):
         yield
-    finally:
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
 
 
 class DetectionModel(nn.Module):  # stands in for ultralytics.nn.tasks.DetectionModel

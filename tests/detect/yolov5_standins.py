@@ -216,17 +216,25 @@ def yolov5_modules(prefix: str = "models") -> Iterator[None]:
     parents = {".".join(prefix.split(".")[:i]): None for i in range(1, prefix.count(".") + 1)}
     modules = {**{p: types.ModuleType(p) for p in parents}, prefix: package, common.__name__: common}
     modules[yolo.__name__] = yolo
-    names = list(modules)
-    saved = {n: sys.modules[n] for n in names if n in sys.modules}
+    try:
+        with installed_modules(modules):
+            yield
+    finally:
+        for cls in (*_COMMON, Detect, DetectionModel, Model):
+            cls.__module__ = __name__
+
+
+@contextlib.contextmanager
+def installed_modules(modules: dict[str, types.ModuleType]) -> Iterator[None]:
+    """``modules`` in sys.modules for the block; afterwards whatever stood under those names before."""
+    saved = {n: sys.modules[n] for n in modules if n in sys.modules}
     sys.modules.update(modules)
     try:
         yield
     finally:
-        for n in names:
+        for n in modules:
             sys.modules.pop(n, None)
         sys.modules.update(saved)
-        for cls in (*_COMMON, Detect, DetectionModel, Model):
-            cls.__module__ = __name__
 
 
 def build(cfg: dict, legacy: bool = False, seed: int = 0) -> DetectionModel:
