@@ -24,9 +24,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
 from ddp_utils import engine
-from ddp_utils.cli.convert import foreign_resume_message, load_pretrained
 from ddp_utils.data import DevicePrefetcher, check_dataset, create_dataloader, create_val_dataloader, load_hyp
-from ddp_utils.detect import (
+from ddp_utils.engine.pretrained import foreign_resume_message, load_pretrained
+from ddp_utils.yolo import (
     ComputeLoss,
     ForeignCheckpointError,
     Model,
@@ -35,7 +35,7 @@ from ddp_utils.detect import (
     fitness,
     scale_loss_gains,
 )
-from ddp_utils.detect.weights import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
+from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 # the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
 USER_ERRORS = (FileNotFoundError, ValueError, engine.CheckpointError, ForeignCheckpointError, du.DistEnvError)
@@ -269,7 +269,7 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
     if info.distributed:
         if opt.sync_bn:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(run.device)
-        # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.dist.debug); else None
+        # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
         model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=du.dist.ddp_process_group())
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from ddp_utils.detect import ImageRecord, coco_metrics, non_max_suppression
+from ddp_utils.yolo import ImageRecord, coco_metrics, non_max_suppression
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ PUBLISHED = {
 
 
 def detector(name: str, fused: bool) -> nn.Module:
-    from ddp_utils.detect.model import Model  # the part of this benchmark that needs the detector
+    from ddp_utils.yolo.model import Model  # the part of this benchmark that needs the detector
 
     model = Model(f"{name}.yaml", ch=3, nc=None)
     return model.eval().fuse() if fused else model

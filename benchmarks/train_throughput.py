@@ -58,8 +58,8 @@ def train_steps(opt: argparse.Namespace) -> dict | None:
 
     import ddp_utils as du
     from ddp_utils.data import create_dataloader, load_hyp
-    from ddp_utils.detect import ComputeLoss, Model
     from ddp_utils.engine import smart_optimizer
+    from ddp_utils.yolo import ComputeLoss, Model
 
     cuda = opt.device == "cuda"
     info = du.init_distributed(backend="nccl" if cuda else "gloo")  # CPU runs on a GPU machine too

@@ -1,9 +1,8 @@
 """ddp_utils: distributed-training helpers for object-detection projects."""
 
 from .data import check_dataset, create_dataloader, create_val_dataloader, load_hyp, make_shapes_dataset
-from .detect import ComputeLoss, Model, evaluate, fitness, non_max_suppression, scale_boxes
 from .device import select_device, synchronize, time_sync, time_synchronized
-from .dist import (
+from .distributed import (
     DistEnvError,
     DistInfo,
     RankFailedError,
@@ -30,6 +29,7 @@ from .dist import (
 from .log import LOGGER, set_logging
 from .profiling import FlopsReport, flops, format_table, model_info, profile
 from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, seed_worker, worker_seed
+from .yolo import ComputeLoss, Model, evaluate, fitness, non_max_suppression, scale_boxes
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Box-format conversions under YOLOv5's names, shared by ``data/`` and ``detect/``.
+"""Box-format conversions under YOLOv5's names, shared by ``data/`` and ``yolo/``.
 
 At the bottom of the package: imports only NumPy and torch. Every conversion takes a torch
 tensor or a NumPy array of boxes in its last dimension and returns a new object of the same

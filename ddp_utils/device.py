@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .dist import DistInfo, dist_info
+from .distributed import DistInfo, dist_info
 from .log import LOGGER
 
 _summary_logged = False
@@ -139,7 +139,7 @@ def select_device(
     As in YOLOv5, a GPU list becomes CUDA_VISIBLE_DEVICES (while CUDA has not started),
     and a single process gets the first GPU of the list, ``cuda:0``. Under DDP (torchrun
     or srun) each process gets the GPU of its local rank among the requested ones. Call it
-    before :func:`~ddp_utils.dist.init_distributed` and pass it the result: this checks the
+    before :func:`~ddp_utils.distributed.init_distributed` and pass it the result: this checks the
     request (one GPU per local process) before any rendezvous, and the device it returns
     decides the backend (gloo for the CPU, NCCL for CUDA) and is bound there. With several
     GPUs, ``batch_size`` (the total over all GPUs) must divide by their number. A short

@@ -27,8 +27,8 @@ VERBOSE_ENV = "DDP_UTILS_VERBOSE"  # "0", "false", "no" or "off": INFO stays qui
 
 def _rank_from_env() -> int:
     """The launcher's global rank, -1 for a single process; read when a line is logged, never at import."""
-    # imported here: ddp_utils.dist imports LOGGER from this module
-    from .dist.env import env_rank
+    # imported here: ddp_utils.distributed imports LOGGER from this module
+    from .distributed.env import env_rank
 
     return env_rank()
 

@@ -13,7 +13,7 @@ import random
 import numpy as np
 import torch
 
-from .dist import dist_info
+from .distributed import dist_info
 
 
 def init_torch_seeds(seed: int = 0, deterministic: bool = False) -> None:

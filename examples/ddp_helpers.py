@@ -16,7 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
-from ddp_utils.detect import ComputeLoss, Model
+from ddp_utils.yolo import ComputeLoss, Model
 
 parser = argparse.ArgumentParser(description="ddp_utils' helpers in a short training loop")
 parser.add_argument("--device", default="", help="'' (a GPU if any, else the CPU), cpu, 0, 0,1, ...")

@@ -1,6 +1,6 @@
 """Start real worker processes the way torchrun does, bounded by a deadline.
 
-``launch("tests.workers.dist_scenarios:collectives", nprocs=2, timeout=60)`` starts
+``launch("tests.workers.distributed_scenarios:collectives", nprocs=2, timeout=60)`` starts
 two Python processes with RANK, LOCAL_RANK, WORLD_SIZE, ... and MASTER_ADDR/PORT set,
 each running the named function with the given string arguments, and returns their
 exit codes and output. A process still running at the deadline is killed with all

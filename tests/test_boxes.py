@@ -1,4 +1,4 @@
-"""ddp_utils.boxes: YOLOv5's box conversions, one home for data/ and detect/."""
+"""ddp_utils.boxes: YOLOv5's box conversions, one home for data/ and yolo/."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from ddp_utils import boxes
 from ddp_utils.data import augment
-from ddp_utils.detect import ops
+from ddp_utils.yolo import ops
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])

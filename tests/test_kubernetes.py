@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import ddp_utils as du
-from ddp_utils.dist import DistEnvError, DistInfo
+from ddp_utils.distributed import DistEnvError, DistInfo
 
 from .multiproc import REPO_ROOT
 

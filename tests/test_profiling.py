@@ -391,7 +391,7 @@ YOLOV5_SUMMARY = {
 @pytest.mark.slow
 @pytest.mark.parametrize("size", ["yolov5s", "yolov5n"])
 def test_model_info_prints_yolov5s_summary_before_and_after_fuse(size, caplog):
-    from ddp_utils.detect.model import Model
+    from ddp_utils.yolo.model import Model
 
     (params, gflops), (fused_params, fused_gflops) = YOLOV5_SUMMARY[size]
     layers, fused_layers = 214, 157  # YOLOv5 v7.0's, whose Convs share one activation object as ours do
@@ -413,8 +413,8 @@ def test_model_info_prints_yolov5s_summary_before_and_after_fuse(size, caplog):
 
 
 def test_detector_gflops_counted_at_its_stride_scale_exactly():
-    from ddp_utils.detect.model import Model, load_model_yaml
     from ddp_utils.profiling import model_gflops
+    from ddp_utils.yolo.model import Model, load_model_yaml
 
     cfg = {**load_model_yaml("yolov5n.yaml")[0], "width_multiple": 0.0625}
     model = Model(cfg)

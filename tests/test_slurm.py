@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_utils.dist import dist_info, launch_key
+from ddp_utils.distributed import dist_info, launch_key
 from ddp_utils.engine import PreemptionHandler, load_checkpoint
 from ddp_utils.engine.signals import requeue_signal
 

@@ -17,8 +17,6 @@ import pytest
 import torch
 from torch.optim import lr_scheduler
 
-from ddp_utils.detect import Model
-from ddp_utils.detect.metrics import fitness
 from ddp_utils.engine import (
     EarlyStopping,
     ModelEMA,
@@ -29,7 +27,9 @@ from ddp_utils.engine import (
     smart_optimizer,
     strip_optimizer,
 )
-from ddp_utils.engine.checkpoint import UnsafeCheckpointError
+from ddp_utils.engine.checkpoint_io import UnsafeCheckpointError
+from ddp_utils.yolo import Model
+from ddp_utils.yolo.metrics import fitness
 
 MODEL_YAML = Path(__file__).resolve().parents[1] / "configs" / "models" / "yolov5n.yaml"
 HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005}
@@ -182,7 +182,7 @@ def test_model_info_takes_verbose_second_as_yolov5(model, caplog):
 
 def test_non_max_suppression_takes_yolov5s_arguments_in_its_order():
     """utils/general.py: (prediction, conf_thres, iou_thres, classes, agnostic, multi_label, labels, max_det, nm)."""
-    from ddp_utils.detect import non_max_suppression
+    from ddp_utils.yolo import non_max_suppression
 
     pred = torch.tensor([[[50.0, 50, 20, 20, 0.9, 0.9, 0.1], [10, 10, 4, 4, 0.05, 1, 0]]])
     known = torch.tensor([[1.0, 100, 100, 10, 10]])  # val.py --save-hybrid: a label joins as a sure detection
@@ -209,8 +209,8 @@ def test_small_helpers_take_yolov5s_call_forms(tmp_path):
     """utils/torch_utils.py ``select_device(device, batch_size, newline)``, ``time_sync``; utils/general.py
     ``yaml_save(file, data)``; utils/loss.py ``smooth_BCE(eps=0.1)``, ``FocalLoss(loss_fcn, gamma, alpha)``."""
     import ddp_utils as du
-    from ddp_utils.detect import FocalLoss, smooth_BCE
     from ddp_utils.engine import yaml_save
+    from ddp_utils.yolo import FocalLoss, smooth_BCE
 
     assert du.select_device("cpu", batch_size=0, newline=False) == torch.device("cpu")
     t0 = du.time_sync()

@@ -3,7 +3,7 @@
 - ``profile.py``: ``ddp-profile`` / ``python -m ddp_utils.cli.profile``, a model's summary,
   FLOPs and per-device forward/backward time (functions in :mod:`ddp_utils.profiling`).
 - ``convert.py``: ``python -m ddp_utils.convert yolov5s.pt [out.pt]``, a YOLOv5 checkpoint read
-  without running it (:mod:`ddp_utils.detect.foreign`) and written in ddp_utils' plain-data format.
+  without running it (:mod:`ddp_utils.yolo.foreign`) and written in ddp_utils' plain-data format.
 - ``val.py``: ``python -m ddp_utils.val --weights best.pt --data X.yaml`` (also under torchrun), a
   checkpoint scored without training: YOLOv5 val's per-class table, speed line and COCO predictions json.
 """

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from ..device import select_device
-from ..dist import DistEnvError, cleanup, dist_info, init_distributed
+from ..distributed import DistEnvError, cleanup, dist_info, init_distributed
 from ..log import set_logging
 from ..profiling import example_input, flops, format_table, gather_rows, model_info, parameter_table, parse_devices
 from ..profiling import profile as profile_ops
@@ -54,7 +54,7 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def build_model(cfg: str | None = None, torchvision_name: str | None = None) -> nn.Module:
     """The detector built from ``cfg``, or the torchvision model ``torchvision_name`` without weights."""
     if cfg is not None:
-        from ..detect.model import Model  # the detector is only needed when asked for
+        from ..yolo.model import Model  # the detector is only needed when asked for
 
         return Model(cfg, ch=3, nc=None)
     import torchvision

@@ -30,14 +30,14 @@ import ddp_utils as du
 
 from ..data import check_dataset, create_val_dataloader
 from ..data.config import DataConfigError
-from ..detect import Model
-from ..detect.evaluate import batch_records
-from ..detect.foreign import ForeignCheckpointError
-from ..detect.metrics import DetectionMetrics, ImageRecord, class_table, coco_metrics
-from ..detect.ops import non_max_suppression
-from ..engine.checkpoint import CheckpointError
+from ..engine.checkpoint_io import CheckpointError
 from ..engine.loggers import increment_path
-from .convert import load_pretrained
+from ..engine.pretrained import load_pretrained
+from ..yolo import Model
+from ..yolo.evaluate import batch_records
+from ..yolo.foreign import ForeignCheckpointError
+from ..yolo.metrics import DetectionMetrics, ImageRecord, class_table, coco_metrics
+from ..yolo.ops import non_max_suppression
 
 # COCO's 80 training classes -> its 91 category ids (the ids its annotation files and evaluator use)
 COCO80_TO_91 = [

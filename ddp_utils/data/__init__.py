@@ -10,7 +10,7 @@ What lives where:
   copy per node; disk: .npy).
 - ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective.
 - ``dataset.py``: :class:`YoloDataset` (with YOLOv5's attribute names), rect batch shapes, collate functions.
-- ``weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).
+- ``class_weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).
 - ``samplers.py``: train, weighted-train and exactly-once eval samplers, one guarantee per class.
 - ``workers.py``: what runs at loader-worker start (seeding, allocator, OpenCV threads, SIGTERM),
   and how many workers a process gets.
@@ -24,6 +24,7 @@ The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
 """
 
 from .augment import letterbox
+from .class_weights import labels_to_class_weights, labels_to_image_weights
 from .config import DataConfigError, DownloadError, check_dataset, datasets_dir, hyp_value, load_hyp
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
@@ -32,7 +33,6 @@ from .loader import EpochLoader, create_dataloader, create_val_dataloader
 from .prefetch import DevicePrefetcher, to_device_batch
 from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
 from .synthetic import generate, make_shapes_dataset
-from .weights import labels_to_class_weights, labels_to_image_weights
 
 __all__ = [
     "IMG_FORMATS",

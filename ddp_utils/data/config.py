@@ -44,9 +44,9 @@ from typing import Any
 import yaml
 from tqdm import tqdm
 
-from ..dist import dist_info, torch_distributed_zero_first
+from ..distributed import dist_info, torch_distributed_zero_first
 from ..log import LOGGER
-from ..resources import find_asset
+from ..yamls import find_asset
 
 DATASETS_DIR_ENV = "DDP_UTILS_DATASETS_DIR"
 # Module prefixes, comma-separated, whose generators a yaml's ``download`` may name besides ddp_utils'.

@@ -25,7 +25,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..dist import launch_key
+from ..distributed import launch_key
 from ..log import LOGGER
 from .headers import jpeg_header
 from .images import read_image, resize_long_side, resized_shape, simplejpeg

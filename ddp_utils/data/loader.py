@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..dist import dist_info, get_rank, get_world_size, is_dist_initialized, torch_distributed_zero_first
+from ..distributed import dist_info, get_rank, get_world_size, is_dist_initialized, torch_distributed_zero_first
 from ..log import LOGGER
 from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset

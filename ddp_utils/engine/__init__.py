@@ -2,10 +2,10 @@
 
 What lives where:
 
-- ``trainer.py``: :func:`train_one_epoch` and :class:`TrainStep` (accumulation without needless
-  all-reduces, AMP, timing without host waits), class-bias init, the multi-scale resize.
+- ``loop.py``: :func:`train_one_epoch` and :class:`TrainStep` (accumulation without needless
+  all-reduces, AMP, timing without host waits), class-bias init.
 - ``ema.py``: :class:`ModelEMA`, updated with multi-tensor kernels.
-- ``checkpoint.py``: the checkpoint format, atomic saves and pickle-free loads; ``checkpointer.py``:
+- ``checkpoint_io.py``: the checkpoint format, atomic saves and pickle-free loads; ``checkpointer.py``:
   :class:`Checkpointer`, which owns a run's last/best/epochN; ``strip.py``: ``strip_optimizer``;
   ``resume.py``: ``restore_training``, ``latest_checkpoint``.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
@@ -19,8 +19,10 @@ every rank, except ``increment_path`` (rank 0, then broadcast the directory). ``
 them composed into a run.
 """
 
+from ..distributed.parallel import de_parallel, is_parallel
+from .amp import AMP_DTYPES, resolve_amp
 from .autobatch import autobatch, check_train_batch_size, fit_batch_size
-from .checkpoint import (
+from .checkpoint_io import (
     CHECKPOINT_KEYS,
     CheckpointError,
     CheckpointWriteError,
@@ -37,8 +39,8 @@ from .checkpointer import Checkpointer
 from .early_stop import EarlyStopping, should_stop_everywhere
 from .ema import ModelEMA
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
+from .loop import EpochStats, TrainStep, class_frequency, init_class_biases, train_one_epoch
 from .memory_format import to_channels_last, use_channels_last
-from .modules import de_parallel, is_parallel
 from .optim import (
     NBS,
     OPTIMIZERS,
@@ -56,16 +58,6 @@ from .plots import class_color, plot_images, plot_labels, plot_results
 from .resume import latest_checkpoint, restore_training
 from .signals import PreemptionHandler
 from .strip import strip_optimizer
-from .trainer import (
-    AMP_DTYPES,
-    EpochStats,
-    TrainStep,
-    class_frequency,
-    init_class_biases,
-    multi_scale_resize,
-    resolve_amp,
-    train_one_epoch,
-)
 
 __all__ = [
     "AMP_DTYPES",
@@ -76,7 +68,6 @@ __all__ = [
     "class_frequency",
     "fit_batch_size",
     "init_class_biases",
-    "multi_scale_resize",
     "resolve_amp",
     "to_channels_last",
     "train_one_epoch",

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..dist import is_main_process
-from .checkpoint import atomic_write_bytes, build_checkpoint, check_plain, to_plain
+from ..distributed import is_main_process
+from .checkpoint_io import atomic_write_bytes, build_checkpoint, check_plain, to_plain
 
 
 class Checkpointer:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dist import any_rank
+from ..distributed import any_rank
 from ..log import LOGGER
 
 

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..dist import is_dist_initialized
-from .modules import de_parallel
+from ..distributed import is_dist_initialized
+from ..distributed.parallel import de_parallel
 
 
 class ModelEMA:

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from ..dist import is_main_process
+from ..distributed import is_main_process
 from ..log import LOGGER
-from .checkpoint import to_plain
+from .checkpoint_io import to_plain
 
 RESULTS_COLUMNS = (
     "epoch",

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..dist import is_main_process
+from ..distributed import is_main_process
 
 _RESULT_PANELS = (
     ("train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall"),

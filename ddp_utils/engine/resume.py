@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointError
-from .modules import de_parallel
+from ..distributed.parallel import de_parallel
+from .checkpoint_io import CheckpointError
 
 
 def restore_training(

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..dist import any_rank, collective_device, dist_info, is_dist_initialized, slurm_job_id
+from ..distributed import any_rank, collective_device, dist_info, is_dist_initialized, slurm_job_id
 from ..log import LOGGER
 
 

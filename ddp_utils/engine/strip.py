@@ -17,9 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..dist import is_main_process
+from ..distributed import is_main_process
 from ..log import LOGGER
-from .checkpoint import CheckpointError, UnsafeCheckpointError, _unsupported_global, atomic_torch_save, load_checkpoint
+from .checkpoint_io import (
+    CheckpointError,
+    UnsafeCheckpointError,
+    _unsupported_global,
+    atomic_torch_save,
+    load_checkpoint,
+)
 
 # plain data that YOLOv5's checkpoints pickle beside the model (best_fitness is a numpy array, opt holds paths)
 _DATA_GLOBALS = frozenset(

@@ -11,7 +11,7 @@ What lives where, one question per module:
   and reads peak memory; :func:`gather_rows` collects every rank's rows; :func:`parse_devices`
   reads a device list with :func:`ddp_utils.device.parse_device`.
 - ``table.py``: :func:`format_table` prints those rows.
-- ``inputs.py``: what a model is fed (:func:`example_input`); :func:`de_parallel` is :mod:`ddp_utils.dist`'s.
+- ``inputs.py``: what a model is fed (:func:`example_input`); :func:`de_parallel` is :mod:`ddp_utils.distributed`'s.
 
 The command line (``ddp-profile``, ``python -m ddp_utils.cli.profile``) lives in
 ``ddp_utils.cli.profile``.
@@ -19,7 +19,7 @@ The command line (``ddp-profile``, ``python -m ddp_utils.cli.profile``) lives in
 
 from __future__ import annotations
 
-from ..dist import de_parallel
+from ..distributed import de_parallel
 from .flop_counters import THOP_CONVENTION, TORCH_CONVENTION, FlopsReport, flops
 from .info import count_layers, model_gflops, model_info, parameter_table
 from .inputs import example_input

@@ -24,7 +24,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode  # the base FlopCounterMode itself is built on
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..dist import de_parallel
+from ..distributed import de_parallel
 from ..log import LOGGER
 from .inputs import as_args, example_input, param_device_dtype, shape_of
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..dist import de_parallel
+from ..distributed import de_parallel
 from ..log import LOGGER
 from .flop_counters import flops
 from .inputs import image_size

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..device import available_devices, parse_device, time_synchronized
-from ..dist import all_gather_object, de_parallel, dist_info, is_dist_initialized
+from ..distributed import all_gather_object, de_parallel, dist_info, is_dist_initialized
 from ..log import LOGGER
 from .flop_counters import flops, torch_count
 from .inputs import example_input, param_device_dtype, shape_of, tensors_in

@@ -16,13 +16,13 @@ import torch
 import yaml
 
 from ddp_utils.cli.val import coco_predictions, image_id
-from ddp_utils.detect import Model
-from ddp_utils.detect.metrics import ImageRecord
 from ddp_utils.engine import build_checkpoint, save_checkpoint
+from ddp_utils.yolo import Model
+from ddp_utils.yolo.metrics import ImageRecord
 
-from ..detect import yolov5_standins as v5
-from ..detect.test_foreign import save_yolov5
 from ..multiproc import REPO_ROOT, collect, free_port, launcher_env
+from ..yolo import yolov5_standins as v5
+from ..yolo.test_foreign import save_yolov5
 
 NAMES = ["circle", "square", "triangle", "star"]
 N_VAL = 16  # two shards of 8: the same batches of 4 (so the same rect shapes) as one process

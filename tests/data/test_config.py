@@ -17,7 +17,7 @@ import yaml
 
 from ddp_utils.data.config import DataConfigError, DownloadError, check_dataset, datasets_dir, load_hyp
 from ddp_utils.data.labels import find_images
-from ddp_utils.resources import asset_dir
+from ddp_utils.yamls import asset_dir
 from tests.multiproc import describe, launch, records
 
 HYP_KEYS = [

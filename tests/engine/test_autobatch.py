@@ -57,7 +57,7 @@ def test_cpu_model_gets_the_default_and_a_message(caplog):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_measures_and_answers_a_usable_batch():
-    from ddp_utils.detect import Model, load_model_yaml
+    from ddp_utils.yolo import Model, load_model_yaml
 
     cfg, _ = load_model_yaml("yolov5n.yaml")
     model = Model(cfg, nc=80).cuda()

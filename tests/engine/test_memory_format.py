@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from ddp_utils.detect import Model, load_model_yaml
 from ddp_utils.engine.memory_format import to_channels_last, use_channels_last
+from ddp_utils.yolo import Model, load_model_yaml
 
 
 def test_policy_is_cuda_only():

@@ -1,11 +1,11 @@
-"""detect/weights.py: pretrained tensors by name and shape, frozen layers, the image size on the stride."""
+"""yolo/finetune.py: pretrained tensors by name and shape, frozen layers, the image size on the stride."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ddp_utils.detect import Model, check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
+from ddp_utils.yolo import Model, check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 
 def test_transfer_to_another_class_count_fills_all_but_the_class_rows():

@@ -49,9 +49,9 @@ from typing import Any, BinaryIO, Callable
 import torch
 from torch import nn
 
-from ..dist import is_main_process
+from ..distributed import is_main_process
+from ..distributed.parallel import de_parallel
 from ..log import LOGGER
-from .modules import de_parallel
 
 CHECKPOINT_KEYS = (
     "model",
@@ -345,7 +345,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
             raise UnsafeCheckpointError(
                 f"checkpoint {path} contains arbitrary Python objects{_unsupported_global(str(exc))}, "
                 "not only tensors and plain values, so it was not loaded: unpickling it could run code. "
-                "A YOLOv5 checkpoint is read without running it by ddp_utils.detect.read_yolov5_checkpoint "
+                "A YOLOv5 checkpoint is read without running it by ddp_utils.yolo.read_yolov5_checkpoint "
                 "(train.py --weights takes it; python -m ddp_utils.convert converts it); for any other file "
                 "you trust, load_checkpoint(path, trusted=True)."
             ) from None

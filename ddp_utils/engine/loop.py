@@ -11,8 +11,6 @@ is read one step later. On the CPU the same code computes the same numbers as a 
 from __future__ import annotations
 
 import contextlib
-import math
-import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,31 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.multiscale import multi_scale_resize
+from ..distributed.parallel import de_parallel
+from .amp import AMP_DTYPES
 from .ema import ModelEMA
-from .modules import de_parallel
 from .optim import Warmup
 
-AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
 PROGRESS_SECONDS = 0.5  # how often the progress bar reads the loss back from the device
-
-
-def resolve_amp(amp: str | None, device: torch.device) -> str:
-    """The mixed precision to train with: ``amp`` as asked, else fp16 on CUDA and off elsewhere.
-
-    Raises:
-        ValueError: an unknown choice, or fp16 on a device without fp16 autocast (the CPU).
-
-    Examples:
-        >>> resolve_amp(None, torch.device("cpu")), resolve_amp("bf16", torch.device("cpu"))
-        ('off', 'bf16')
-    """
-    if amp is None:
-        return "fp16" if device.type == "cuda" else "off"
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"--amp {amp}: choose one of {', '.join(AMP_DTYPES)}")
-    if amp == "fp16" and device.type == "cpu":
-        raise ValueError("--amp fp16 needs a CUDA device: use --amp bf16 or --amp off on the CPU")
-    return amp
 
 
 def class_frequency(labels: Sequence[np.ndarray], nc: int) -> torch.Tensor:
@@ -74,23 +54,6 @@ def init_class_biases(model: nn.Module, labels: Sequence[np.ndarray], nc: int, *
     """
     de_parallel(model).initialize_biases(class_frequency(labels, nc))
     return ModelEMA(de_parallel(model), **ema_kwargs)
-
-
-def multi_scale_resize(imgs: torch.Tensor, imgsz: int, grid: int) -> torch.Tensor:
-    """Resize a batch to a random size in [0.5, 1.5] x ``imgsz``, on multiples of ``grid`` (``--multi-scale``).
-
-    Draws from Python's ``random``, which the run seeds per rank.
-
-    Examples:
-        >>> multi_scale_resize(torch.zeros(1, 3, 64, 64), 64, 32).shape[-1] in (32, 64, 96)
-        True
-    """
-    size = random.randrange(int(imgsz * 0.5), int(imgsz * 1.5) + grid) // grid * grid
-    factor = size / max(imgs.shape[2:])
-    if factor == 1:
-        return imgs
-    new_shape = [math.ceil(x * factor / grid) * grid for x in imgs.shape[2:]]
-    return nn.functional.interpolate(imgs, size=new_shape, mode="bilinear")
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ddp_utils.data import load_hyp
-from ddp_utils.detect import ComputeLoss, Model, scale_loss_gains
+from ddp_utils.data.multiscale import multi_scale_resize
 from ddp_utils.engine import (
     EpochStats,
     TrainStep,
@@ -21,11 +21,11 @@ from ddp_utils.engine import (
     class_frequency,
     init_class_biases,
     lr_lambda,
-    multi_scale_resize,
     resolve_amp,
     smart_optimizer,
     train_one_epoch,
 )
+from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains
 
 from ..multiproc import describe, launch, records
 

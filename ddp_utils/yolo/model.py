@@ -21,7 +21,7 @@ import yaml
 from torch import nn
 
 from ..log import LOGGER
-from ..resources import find_asset
+from ..yamls import find_asset
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 
 

@@ -45,7 +45,7 @@ from .group import (
     is_main_process,
 )
 
-# the private names that ddp_utils.dist had before it became a package, for code that imports them
+# the private names that ddp_utils.distributed had before it became a package, for code that imports them
 from .group import collective_device as _collective_device  # noqa: F401
 from .parallel import de_parallel, is_parallel, unwrap_model
 from .zero_first import (

@@ -1,8 +1,8 @@
 """The building blocks of a YOLOv5-style detector: Conv, Bottleneck, C3, SPPF, Concat.
 
 Each block takes its input channels first and its output channels second, the order
-that :mod:`ddp_utils.detect.model` fills in from a model yaml. The detection head,
-:class:`~ddp_utils.detect.model.Detect`, lives with the model because it needs the strides.
+that :mod:`ddp_utils.yolo.model` fills in from a model yaml. The detection head,
+:class:`~ddp_utils.yolo.model.Detect`, lives with the model because it needs the strides.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
 from .evaluate import evaluate
+from .finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
 from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_BCE, smooth_bce
 from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
@@ -16,7 +17,6 @@ from .ops import (
     xyxy2xywh,
     xyxy2xywhn,
 )
-from .weights import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 __all__ = [
     "transfer_weights",

@@ -1,4 +1,4 @@
-"""ddp_utils.dist: environment parsing in-process, the rest in real gloo process groups."""
+"""ddp_utils.distributed: environment parsing in-process, the rest in real gloo process groups."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ddp_utils as du
-from ddp_utils.dist import (
+from ddp_utils.distributed import (
     DistEnvError,
     any_rank,
     de_parallel,
@@ -137,7 +137,7 @@ def test_only_dist_reads_launcher_variables():
 
 def test_import_reads_no_launcher_variable():
     # a malformed RANK fails dist_info() when called; importing must not call it
-    code = "import ddp_utils, ddp_utils.data, ddp_utils.engine, ddp_utils.detect, ddp_utils.profiling; print('ok')"
+    code = "import ddp_utils, ddp_utils.data, ddp_utils.engine, ddp_utils.yolo, ddp_utils.profiling; print('ok')"
     env = {**os.environ, "RANK": "not-a-number", "WORLD_SIZE": "2"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
@@ -275,7 +275,7 @@ def test_reduce_tensor_rejects_unknown_op():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_zero_first_order(tmp_path, nprocs):
-    workers = launch("tests.workers.dist_scenarios:zero_first_order", nprocs, timeout=90, args=(tmp_path,))
+    workers = launch("tests.workers.distributed_scenarios:zero_first_order", nprocs, timeout=90, args=(tmp_path,))
     assert_all_ok(workers)
     recs = records(workers)
     leader = next(r for r in recs if r["leader"])
@@ -288,7 +288,7 @@ def test_zero_first_order(tmp_path, nprocs):
 @pytest.mark.timeout(120)
 def test_zero_first_runs_once_per_node(tmp_path):
     # 4 processes as 2 nodes of 2: each node's local rank 0 builds its own copy first
-    workers = launch("tests.workers.dist_scenarios:zero_first_order", 4, timeout=100, args=(tmp_path,), nnodes=2)
+    workers = launch("tests.workers.distributed_scenarios:zero_first_order", 4, timeout=100, args=(tmp_path,), nnodes=2)
     assert_all_ok(workers)
     recs = {r["rank"]: r for r in records(workers)}
     assert [r["leader"] for r in recs.values()] == [True, False, True, False]
@@ -298,7 +298,9 @@ def test_zero_first_runs_once_per_node(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_rank_zero_first_is_job_wide(tmp_path):
-    workers = launch("tests.workers.dist_scenarios:zero_first_order", 4, timeout=100, args=(tmp_path, "job"), nnodes=2)
+    workers = launch(
+        "tests.workers.distributed_scenarios:zero_first_order", 4, timeout=100, args=(tmp_path, "job"), nnodes=2
+    )
     assert_all_ok(workers)
     recs = records(workers)
     assert [r["leader"] for r in recs] == [True, False, False, False]
@@ -310,7 +312,7 @@ def test_rank_zero_first_is_job_wide(tmp_path):
 @pytest.mark.parametrize(("nprocs", "scope"), [(2, "node"), (3, "node"), (3, "job")])
 def test_zero_first_error_reaches_every_rank_promptly(nprocs, scope):
     # the group's timeout is 10 minutes: the others must not wait for it
-    workers = launch("tests.workers.dist_scenarios:zero_first_leader_raises", nprocs, timeout=60, args=(scope,))
+    workers = launch("tests.workers.distributed_scenarios:zero_first_leader_raises", nprocs, timeout=60, args=(scope,))
     assert all(w.returncode != 0 for w in workers), describe(workers)
     assert "corrupt download: checksum mismatch" in workers[0].stderr
     for w in workers[1:]:
@@ -325,7 +327,7 @@ def test_zero_first_error_reaches_every_rank_promptly(nprocs, scope):
 @pytest.mark.timeout(120)
 def test_long_first_process_body_does_not_trip_collective_timeout():
     # a 6 s body under a 3 s collective timeout: a barrier-based wait would fail
-    workers = launch("tests.workers.dist_scenarios:long_body", 2, timeout=90, args=("6", "3"))
+    workers = launch("tests.workers.distributed_scenarios:long_body", 2, timeout=90, args=("6", "3"))
     assert_all_ok(workers)
     assert [r["total"] for r in records(workers)] == [2.0, 2.0]
 
@@ -354,21 +356,21 @@ def _check_collectives(workers, world):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_env_init():
-    _check_collectives(launch("tests.workers.dist_scenarios:collectives", 2, timeout=90), 2)
+    _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 2, timeout=90), 2)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_tcp_init():
     url = f"tcp://127.0.0.1:{free_port()}"
-    _check_collectives(launch("tests.workers.dist_scenarios:collectives", 2, timeout=90, args=(url,)), 2)
+    _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 2, timeout=90, args=(url,)), 2)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_file_init(tmp_path):
     url = f"file://{tmp_path / 'rendezvous'}"
-    _check_collectives(launch("tests.workers.dist_scenarios:collectives", 3, timeout=90, args=(url,)), 3)
+    _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 3, timeout=90, args=(url,)), 3)
 
 
 @pytest.mark.multiprocess
@@ -387,7 +389,7 @@ def test_torchrun_runs_the_helpers_demo():
         "--master_port",
         str(port),
         "-m",
-        "tests.workers.dist_scenarios",
+        "tests.workers.distributed_scenarios",
     ]
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -414,7 +416,8 @@ def test_elastic_restart_forms_a_fresh_group():
     env = launcher_env()
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
-        "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "tests.workers.dist_scenarios", "restart",
+        "--master_addr", "127.0.0.1", "--master_port", str(port),
+        "-m", "tests.workers.distributed_scenarios", "restart",
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -430,7 +433,7 @@ def test_elastic_restart_forms_a_fresh_group():
 def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
     # SIGKILL publishes no error: the followers notice the heartbeat stop (5 s here, 60 by default)
     workers = launch(
-        "tests.workers.dist_scenarios:zero_first_leader_killed", 4, timeout=90, nnodes=2,
+        "tests.workers.distributed_scenarios:zero_first_leader_killed", 4, timeout=90, nnodes=2,
         env={"DDP_UTILS_HEARTBEAT_TIMEOUT": "5"},
     )  # fmt: skip
     assert workers[2].returncode == -9, describe(workers)
@@ -444,7 +447,7 @@ def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
 @pytest.mark.timeout(120)
 def test_cpu_device_on_a_gpu_host_forms_a_gloo_group():
     # each worker believes it has one GPU; two of them on the node, so "0" must be refused by count
-    workers = launch("tests.workers.dist_scenarios:cpu_on_a_gpu_host", 2, timeout=90)
+    workers = launch("tests.workers.distributed_scenarios:cpu_on_a_gpu_host", 2, timeout=90)
     assert_all_ok(workers)
     for r in records(workers):
         assert r["count_error"].startswith("2 processes on this node (LOCAL_WORLD_SIZE=2, this is local rank")

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddp_utils.detect import (
+from ddp_utils.yolo import (
     clip_boxes,
     letterbox_params,
     non_max_suppression,

@@ -119,7 +119,7 @@ def _resolve_hyp(model: nn.Module, hyp: dict | None) -> dict:
 
 
 class ComputeLoss:
-    """YOLOv5's loss for a :class:`~ddp_utils.detect.model.Model` (plain, DDP- or DataParallel-wrapped).
+    """YOLOv5's loss for a :class:`~ddp_utils.yolo.model.Model` (plain, DDP- or DataParallel-wrapped).
 
     Args:
         model: the detector; its Detect head gives anchors, strides and nc.
@@ -139,7 +139,7 @@ class ComputeLoss:
     returns ``(loss * batch_size, tensor([box, obj, cls]).detach())``.
 
     Examples:
-        >>> from ddp_utils.detect import Model, load_model_yaml
+        >>> from ddp_utils.yolo import Model, load_model_yaml
         >>> cfg, _ = load_model_yaml("yolov5n.yaml")
         >>> model = Model({**cfg, "width_multiple": 0.0625}, nc=2)
         >>> hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.detect import ComputeLoss, evaluate
-from ddp_utils.detect.evaluate import batch_records
-from ddp_utils.detect.metrics import DetectionMetrics, class_table
+from ddp_utils.yolo import ComputeLoss, evaluate
+from ddp_utils.yolo.evaluate import batch_records
+from ddp_utils.yolo.metrics import DetectionMetrics, class_table
 from tests.multiproc import describe, launch, records
-from tests.workers.detect_scenarios import (
+from tests.workers.yolo_scenarios import (
     IMG,
     ORIGINAL,
     PredictionStub,
@@ -93,7 +93,7 @@ def test_two_ranks_gather_the_single_process_metrics():
     expected, expected_loss = evaluate(model, make_batches(images, batch_size), compute_loss=compute_loss)
     assert 0 < expected["map"] < 1
 
-    workers = launch("tests.workers.detect_scenarios:sharded_evaluate", 2, timeout=150, args=(n_images, batch_size))
+    workers = launch("tests.workers.yolo_scenarios:sharded_evaluate", 2, timeout=150, args=(n_images, batch_size))
     assert all(w.returncode == 0 for w in workers), describe(workers)
     results = records(workers)
     assert [r["images"] for r in results] == [4, 3]
@@ -104,7 +104,7 @@ def test_two_ranks_gather_the_single_process_metrics():
 
 def test_a_model_that_learned_one_batch_detects_it():
     """Decoding, NMS, box scaling and metrics agree with what the loss trains."""
-    from tests.detect.test_loss import HYP, rectangles_batch, tiny_model
+    from tests.yolo.test_loss import HYP, rectangles_batch, tiny_model
 
     model = tiny_model(width=0.125)
     images, targets = rectangles_batch(batch=2, per_image=3)

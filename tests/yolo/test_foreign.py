@@ -1,6 +1,6 @@
 """YOLOv5 checkpoints read without running them: the pickle layout, the mapping, the refusals, the CLI.
 
-The checkpoints are written here by stand-in classes at YOLOv5's module paths (tests/detect/
+The checkpoints are written here by stand-in classes at YOLOv5's module paths (tests/yolo/
 yolov5_standins.py), which are removed from sys.modules before reading: the reader needs none of them.
 """
 
@@ -22,16 +22,16 @@ import torch
 import yaml
 from torch import nn
 
-from ddp_utils.cli.convert import convert_yolov5_checkpoint, foreign_resume_message, load_pretrained
-from ddp_utils.detect import Model
-from ddp_utils.detect.foreign import (
+from ddp_utils.engine import CHECKPOINT_KEYS, build_checkpoint, check_plain, load_checkpoint, save_checkpoint
+from ddp_utils.engine.pretrained import convert_yolov5_checkpoint, foreign_resume_message, load_pretrained
+from ddp_utils.yolo import Model
+from ddp_utils.yolo.foreign import (
     ForeignCheckpointError,
     UltralyticsCheckpointError,
     UnsafePickleError,
     read_yolov5_checkpoint,
     yolov5_model,
 )
-from ddp_utils.engine import CHECKPOINT_KEYS, build_checkpoint, check_plain, load_checkpoint, save_checkpoint
 
 from ..multiproc import REPO_ROOT, launcher_env
 from . import yolov5_standins as v5

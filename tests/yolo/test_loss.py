@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.detect import ComputeLoss, FocalLoss, Model, load_model_yaml
+from ddp_utils.yolo import ComputeLoss, FocalLoss, Model, load_model_yaml
 
 HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0}
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255)]

@@ -11,8 +11,8 @@ import thop
 import torch
 import yaml
 
-from ddp_utils.detect import Conv, Detect, Model, ModelConfigError, load_model_yaml, make_divisible
-from ddp_utils.resources import asset_dir
+from ddp_utils.yamls import asset_dir
+from ddp_utils.yolo import Conv, Detect, Model, ModelConfigError, load_model_yaml, make_divisible
 
 # Published YOLOv5 v6+ figures at 640 px: parameters (M) and GFLOPs of the fused model.
 PUBLISHED = {

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..dist import broadcast_object, get_rank, get_world_size, is_dist_initialized, reduce_tensor
+from ..distributed import broadcast_object, get_rank, get_world_size, is_dist_initialized, reduce_tensor
 from ..log import LOGGER
 from .metrics import DetectionMetrics, ImageRecord, coco_metrics
 from .ops import non_max_suppression, scale_boxes, xywh2xyxy
@@ -102,7 +102,7 @@ def evaluate(
             restored afterwards.
         loader: yields ``(imgs uint8 [B, 3, H, W] (or float in 0-1), targets [n, 6], paths, shapes)``; under DDP
             this rank's shard (each image on exactly one rank).
-        compute_loss: a :class:`~ddp_utils.detect.loss.ComputeLoss` for the validation losses, or None.
+        compute_loss: a :class:`~ddp_utils.yolo.loss.ComputeLoss` for the validation losses, or None.
         conf_thres: NMS confidence threshold (low, so the PR curve is complete).
         iou_thres: NMS IoU threshold.
         max_det: detections kept per image by NMS, and scored by the evaluator (as YOLOv5 scores
@@ -112,10 +112,10 @@ def evaluate(
         verbose: log the "val: ..." summary line on rank 0 (train.py logs one line per epoch of its own).
 
     Returns:
-        ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.detect.metrics.DetectionMetrics`
+        ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics`
         (a dict ``{"precision", "recall", "map50", "map"}``, with the per-class rows as ``.classes``;
-        print them with :func:`~ddp_utils.detect.metrics.class_table`), from
-        :func:`~ddp_utils.detect.metrics.coco_metrics` over all ranks' images, the same on every rank; ``val_loss``
+        print them with :func:`~ddp_utils.yolo.metrics.class_table`), from
+        :func:`~ddp_utils.yolo.metrics.coco_metrics` over all ranks' images, the same on every rank; ``val_loss``
         tensor[3] (box, obj, cls), the mean over all batches of all ranks (zeros without
         ``compute_loss``).
     """

@@ -410,7 +410,7 @@ def class_table(
     holding that class (YOLOv5 repeats the total there).
 
     Args:
-        metrics: from :func:`coco_metrics` or :func:`~ddp_utils.detect.evaluate.evaluate`.
+        metrics: from :func:`coco_metrics` or :func:`~ddp_utils.yolo.evaluate.evaluate`.
         names: class names (a list, or YOLOv5's ``{index: name}`` dict); the index when missing.
         per_class: whether to add the class rows; None does as YOLOv5 does: only with more than one class.
 

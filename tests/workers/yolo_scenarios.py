@@ -23,7 +23,7 @@ NC = 3
 
 
 def tiny_model_cfg() -> dict:
-    from ddp_utils.detect import load_model_yaml
+    from ddp_utils.yolo import load_model_yaml
 
     cfg, _ = load_model_yaml("yolov5n.yaml")
     return {**cfg, "width_multiple": 0.0625, "nc": NC}
@@ -96,7 +96,7 @@ class PredictionStub(nn.Module):
 
 
 def build_stub(images) -> tuple[nn.Module, object]:
-    from ddp_utils.detect import ComputeLoss, Model
+    from ddp_utils.yolo import ComputeLoss, Model
 
     torch.manual_seed(0)
     net = Model(tiny_model_cfg())
@@ -107,7 +107,7 @@ def build_stub(images) -> tuple[nn.Module, object]:
 def sharded_evaluate(n_images: str, batch_size: str) -> None:
     """Each rank evaluates a contiguous share of the batches; prints the metrics it returns."""
     import ddp_utils as du
-    from ddp_utils.detect import evaluate
+    from ddp_utils.yolo import evaluate
 
     torch.set_num_threads(1)
     info = du.init_distributed(backend="gloo", timeout=120)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddp_utils.detect import ImageRecord, coco_metrics, fitness
-from ddp_utils.detect.metrics import (
+from ddp_utils.yolo import ImageRecord, coco_metrics, fitness
+from ddp_utils.yolo.metrics import (
     ClassMetrics,
     DetectionMetrics,
     class_table,
@@ -208,7 +208,7 @@ def test_fitness_takes_yolov5s_array_form():
 
 def test_many_low_score_detections_do_not_drag_p_down():
     """conf 0.001 leaves thousands of low-score boxes: P and R come from the high-confidence peak of F1."""
-    from ddp_utils.detect.metrics import precision_recall_at_best_f1
+    from ddp_utils.yolo.metrics import precision_recall_at_best_f1
 
     rng = np.random.default_rng(0)
     scores = np.concatenate((rng.uniform(0.001, 0.05, 5000), rng.uniform(0.85, 0.95, 10)))

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import ddp_utils as du
-from ddp_utils.dist import any_rank, collective_device, default_device
+from ddp_utils.distributed import any_rank, collective_device, default_device
 
 
 def emit(line: str) -> None:
@@ -65,7 +65,7 @@ def zero_first_leader_killed() -> None:
     import os
     import signal
 
-    from ddp_utils.dist import _default_store
+    from ddp_utils.distributed import _default_store
 
     info = du.init_distributed(backend="gloo", timeout=600)
     store = _default_store()

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ddp_utils.dist import debug_env
-from ddp_utils.dist.debug import trace_buffer_variable
+from ddp_utils.distributed import debug_env
+from ddp_utils.distributed.debug import trace_buffer_variable
 
 from .multiproc import REPO_ROOT, describe, launch, records
 
@@ -19,7 +19,7 @@ from .multiproc import REPO_ROOT, describe, launch, records
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_mismatched_ops_name_the_ranks_and_the_ops(tmp_path):
-    workers = launch("tests.workers.dist_debug_scenarios:mismatched_collective", 2, 120, (str(tmp_path), "op"))
+    workers = launch("tests.workers.distributed_debug_scenarios:mismatched_collective", 2, 120, (str(tmp_path), "op"))
     assert [w.returncode for w in workers] == [0, 0], describe(workers)
     errors = {r["rank"]: r["error"] for r in records(workers)}
     for rank, (mine, theirs) in {0: ("ALLREDUCE", "BROADCAST"), 1: ("BROADCAST", "ALLREDUCE")}.items():
@@ -32,7 +32,9 @@ def test_mismatched_ops_name_the_ranks_and_the_ops(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_mismatched_shapes_name_the_ranks_and_the_shapes(tmp_path):
-    workers = launch("tests.workers.dist_debug_scenarios:mismatched_collective", 2, 120, (str(tmp_path), "shape"))
+    workers = launch(
+        "tests.workers.distributed_debug_scenarios:mismatched_collective", 2, 120, (str(tmp_path), "shape")
+    )
     assert [w.returncode for w in workers] == [0, 0], describe(workers)
     for record in records(workers):
         message, rank = record["error"], record["rank"]
@@ -46,7 +48,7 @@ def test_mismatched_shapes_name_the_ranks_and_the_shapes(tmp_path):
 @pytest.mark.timeout(180)
 def test_ddp_trains_on_its_own_group_while_the_default_group_stays_checked(tmp_path):
     # torch 2.14: DDP on the gloo group wrapped for DETAIL dies of SIGSEGV; ddp_process_group avoids it
-    workers = launch("tests.workers.dist_debug_scenarios:ddp_then_mismatch", 2, 120, (str(tmp_path),))
+    workers = launch("tests.workers.distributed_debug_scenarios:ddp_then_mismatch", 2, 120, (str(tmp_path),))
     assert [w.returncode for w in workers] == [0, 0], describe(workers)
     for record in records(workers):
         grads = record["grads"]

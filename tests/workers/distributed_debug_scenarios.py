@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_utils as du
-from ddp_utils.dist import ddp_process_group, enable_debug
+from ddp_utils.distributed import ddp_process_group, enable_debug
 
 
 def mismatched_collective(dump_dir: str, kind: str) -> None:
