@@ -1,8 +1,11 @@
-"""Where the shipped yamls are: the repo's data/ and configs/, or their installed copies."""
+"""The yamls: where the shipped ones are (data/, configs/, or their installed copies); reading one as data."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 # Installed from a wheel, the yamls sit inside the package (see pyproject's package-dir);
@@ -44,3 +47,34 @@ def find_asset(kind: str, name: str | Path) -> Path:
         return shipped
     where = f" or {shipped}" if shipped is not None else ""
     raise FileNotFoundError(f"{name}: no such file (looked at {path.resolve()}{where})")
+
+
+class DataConfigError(ValueError):
+    """A data or hyperparameter yaml is malformed; the message names the file and key."""
+
+
+def read_yaml(file: Path) -> dict[str, Any]:
+    """A yaml file's mapping, read as data (``yaml.safe_load``); DataConfigError names the file otherwise."""
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise DataConfigError(f"{file}: cannot read ({exc})") from exc
+    try:
+        content = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise DataConfigError(f"{file}: not valid YAML ({exc})") from exc
+    if not isinstance(content, dict):
+        raise DataConfigError(
+            f"{file}: expected a mapping of keys (path, train, val, names, ...), got {type(content).__name__}"
+        )
+    return content
+
+
+def find_yaml(kind: str, name: str | Path) -> Path:
+    """:func:`find_asset`, trying ``<name>.yaml`` too when ``name`` has no yaml suffix."""
+    try:
+        return find_asset(kind, name)
+    except FileNotFoundError:
+        if str(name).endswith((".yaml", ".yml")):
+            raise
+        return find_asset(kind, f"{name}.yaml")

@@ -29,10 +29,10 @@ import torch.distributed as dist
 import ddp_utils as du
 
 from ..data import check_dataset, create_val_dataloader
-from ..data.config import DataConfigError
 from ..engine.checkpoint_io import CheckpointError
 from ..engine.loggers import increment_path
 from ..engine.pretrained import load_pretrained
+from ..yamls import DataConfigError
 from ..yolo import Model
 from ..yolo.evaluate import batch_records
 from ..yolo.foreign import ForeignCheckpointError

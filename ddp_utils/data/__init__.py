@@ -2,7 +2,8 @@
 
 What lives where:
 
-- ``config.py``: the data yaml (load, resolve paths, check, fetch), hyperparameter yamls, ``hyp_value``.
+- ``config.py``: the data yaml (load, resolve paths, check), hyperparameter yamls, ``hyp_value``; ``download.py``: fetching a
+  dataset its yaml names (zip URLs, trusted generators).
 - ``labels.py``: find images and verify their labels, ``load_labels``; ``label_cache.py``: the label
   cache (versioned, hashed, pickle-free).
 - ``headers.py``: image sizes from file headers, without decoding.
@@ -23,9 +24,11 @@ What lives where:
 The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
 """
 
+from ..downloads import DownloadError
+from ..yamls import DataConfigError
 from .augment import letterbox
 from .class_weights import labels_to_class_weights, labels_to_image_weights
-from .config import DataConfigError, DownloadError, check_dataset, datasets_dir, hyp_value, load_hyp
+from .config import check_dataset, datasets_dir, hyp_value, load_hyp
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels

@@ -13,7 +13,7 @@ import pytest
 from ddp_utils.distributed import debug_env
 from ddp_utils.distributed.debug import trace_buffer_variable
 
-from .multiproc import REPO_ROOT, describe, launch, records
+from ..multiproc import REPO_ROOT, describe, launch, records
 
 
 @pytest.mark.multiprocess

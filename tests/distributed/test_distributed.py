@@ -26,7 +26,7 @@ from ddp_utils.distributed import (
     unwrap_model,
 )
 
-from .multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env, records
+from ..multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env, records
 
 
 def assert_all_ok(workers):
