@@ -124,12 +124,12 @@ LAUNCHER_VARIABLE = re.compile(
 )
 
 
-def test_only_dist_reads_launcher_variables():
+def test_only_distributed_reads_launcher_variables():
     package = Path(du.__file__).parent
     readers = [
         f"{path.relative_to(package)}: {match.group(0)}"
         for path in package.rglob("*.py")
-        if "dist" not in path.relative_to(package).parts
+        if "distributed" not in path.relative_to(package).parts
         for match in LAUNCHER_VARIABLE.finditer(path.read_text())
     ]
     assert readers == []
