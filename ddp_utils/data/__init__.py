@@ -2,8 +2,8 @@
 
 What lives where:
 
-- ``config.py``: the data yaml (load, resolve paths, check), hyperparameter yamls, ``hyp_value``; ``download.py``: fetching a
-  dataset its yaml names (zip URLs, trusted generators).
+- ``config.py``: the data yaml (load, resolve paths, check), hyperparameter yamls, ``hyp_value``;
+  ``download.py``: fetching a dataset its yaml names (zip URLs, trusted generators).
 - ``labels.py``: find images and verify their labels, ``load_labels``; ``label_cache.py``: the label
   cache (versioned, hashed, pickle-free).
 - ``headers.py``: image sizes from file headers, without decoding.

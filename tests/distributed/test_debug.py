@@ -82,7 +82,7 @@ def test_train_py_takes_dist_debug_and_requeue_signal():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_train_py_dist_debug_trains_under_torchrun_on_gloo(tmp_path):
-    from .test_train import run, tiny_data_yaml, torchrun, train_args, train_env
+    from ..test_train import run, tiny_data_yaml, torchrun, train_args, train_env
 
     data = tiny_data_yaml(tmp_path)
     result = run(torchrun(2, *train_args(data, tmp_path / "runs", "--epochs", "1", "--noplots", "--dist-debug")),
