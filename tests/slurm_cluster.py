@@ -1,23 +1,32 @@
-"""A real one-node SLURM cluster on this host, for tests: munged, slurmctld and slurmd, started as root.
+"""A real SLURM cluster on this host, for tests: munged, slurmctld and one slurmd per node, started as root.
 
-``start_cluster()`` writes a slurm.conf into a fresh directory of its own (state, spool, logs,
-the munge key and socket all live there, and the ports are free ones), so two test runs on one
-machine never meet. It waits until ``sinfo`` shows the node idle and raises
-:class:`SlurmUnavailable`, with the reason, where that cannot happen (no binaries, not root, a
-daemon that dies or a node that never comes up): the tests then skip with that reason.
+``start_cluster(nodes=2)`` writes a slurm.conf into a fresh directory of its own (state, spool,
+logs, the munge key and socket all live there, and the ports are free ones), so two test runs on
+one machine never meet; it waits until ``sinfo`` shows every node idle. Where that cannot happen
+(no binaries, not root, a daemon that dies, nodes that do not come up in time) it raises
+:class:`SlurmUnavailable` with the reason and the daemons' output, and the tests skip with it.
 
-What it took (Debian bookworm's slurm-wlm 22.05 and munge 0.5.15):
+What it took (Debian bookworm: slurm-wlm 22.05.8, munge 0.5.15), found by trying:
 
 - No cgroups: ``ProctrackType=proctrack/linuxproc`` (a job's processes are its descendants),
   ``TaskPlugin=task/none``, ``JobAcctGatherType=jobacct_gather/none``; no database
-  (``AccountingStorageType=accounting_storage/none``).
-- A munged of its own (``--socket``, ``--key-file`` here; slurm finds it through
-  ``AuthInfo=socket=...``), so a munged that the host runs, or none, does not matter.
-- A requeued job waits ``AuthInfo=cred_expire`` + 1 seconds before it may start again (22.05 has
-  no ``SchedulerParameters=requeue_delay``); the default, 120 s, is the "about two minutes" a
-  requeue takes. Here ``cred_expire=10``: a requeued job restarts within about 15 s.
-- Job ids start at a random ``FirstJobId`` chosen so that ``20000 + id % 20000`` (the MASTER_PORT
-  ``dist_info`` derives from SLURM_JOB_ID) lies below Linux's ephemeral ports.
+  (``AccountingStorageType=accounting_storage/none``). No cgroup.conf, no systemd.
+- A munged of its own (``--socket``, ``--key-file`` in the directory; slurm finds it through
+  ``AuthInfo=socket=...``), so whether the host runs a munged does not matter.
+- Several nodes on one host: Debian's slurmd is built for it, so each node is a slurmd started
+  with ``-N name`` and a ``Port`` of its own (``%n`` in its spool, pid and log paths). The nodes
+  are named after the host and ``localhost``: both resolve to this machine, so the recipes'
+  rendezvous on "the first node of SLURM_JOB_NODELIST" works unchanged. The host's CPUs
+  (``slurmd -C``) are shared out among them.
+- A requeued job is held ``AuthInfo=cred_expire`` + 1 seconds before it may start again (22.05
+  has no ``SchedulerParameters=requeue_delay``; SLURM 26.05 adds it): the default, 120 s, is the
+  "about two minutes" a requeue takes. Here ``cred_expire=10`` (5 is the least it takes): a
+  requeued job starts again about 11 s after ``scontrol requeue``.
+- ``scontrol requeue`` from inside a job ends the job at once (SIGTERM to its processes, "CANCELLED
+  ... DUE TO JOB REQUEUE"), so whatever train.py does after it may not happen.
+- Job ids start at a random ``FirstJobId`` such that ``20000 + id % 20000`` (the MASTER_PORT
+  ``dist_info`` derives from SLURM_JOB_ID, the recipes' rendezvous port) lies below Linux's
+  ephemeral ports and differs between two clusters on one machine.
 """
 
 from __future__ import annotations
