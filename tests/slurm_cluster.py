@@ -177,7 +177,7 @@ class SlurmCluster:
         return "".join(text)
 
     def stop(self) -> None:
-        """Cancel what is left, stop the daemons this cluster started and remove its directory."""
+        """Cancel what is left, stop the daemons, kill what they left behind, remove the directory."""
         with contextlib.suppress(Exception):
             self.command("scancel", "--full", "--user", "root", timeout=20, check=False)
         for daemon in reversed(self.daemons):
@@ -185,11 +185,29 @@ class SlurmCluster:
                 daemon.send_signal(signal.SIGTERM)
         for daemon in reversed(self.daemons):
             try:
-                daemon.wait(timeout=20)
+                daemon.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 daemon.kill()
-                daemon.wait(timeout=20)
+                daemon.wait(timeout=10)
+        # a slurmstepd outlives its slurmd (and ignores SIGTERM): kill it and its job's processes
+        deadline = time.monotonic() + 10
+        while (left := self.processes()) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def processes(self) -> list[int]:
+        """Processes of this cluster: slurmstepds and jobs, found by the SLURM_CONF in their environment."""
+        mark = f"\0SLURM_CONF={self.env['SLURM_CONF']}\0".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    if mark in b"\0" + (entry / "environ").read_bytes():
+                        found.append(int(entry.name))
+        return found
 
 
 def start_cluster(nodes: int = 2, timeout: float = 60) -> SlurmCluster:

@@ -146,6 +146,26 @@ def test_a_requeue_signal_delivered_twice_stops_once_and_never_kills():
 
 
 @pytest.mark.timeout(30)
+def test_the_same_sigterm_from_slurm_and_from_torchrun_counts_once_and_a_later_one_stops_at_once():
+    # scancel signals every process of the step; torchrun passes its own SIGTERM on to the workers
+    calls = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    try:
+        with PreemptionHandler(repeat_window=0.5) as handler:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # Python runs the handler between bytecodes of the main thread
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert handler.received == signal.SIGTERM and calls == []  # one request, still running
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)  # past the window: someone means it
+            time.sleep(0.05)
+            assert calls == [signal.SIGTERM]  # the previous behaviour is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.timeout(30)
 def test_sigterm_alone_asks_for_no_requeue():
     with PreemptionHandler(requeue_signals=(signal.SIGUSR1,)) as handler:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -194,14 +214,23 @@ def job_output(tmp_path: Path) -> str:
 
 
 def wait_for_epochs(cluster: SlurmCluster, job_id: str, tmp_path: Path, epochs: int, timeout: float) -> None:
-    """Poll until results.csv has ``epochs`` rows; fail with the job's output if it ends or the time is up."""
-    csv_file, deadline = tmp_path / "runs" / "run" / "results.csv", time.monotonic() + timeout
-    while not (csv_file.exists() and len(results(csv_file.parent)) >= epochs):
+    """Poll until results.csv has ``epochs`` rows and last.pt holds the last of them.
+
+    Fails with the job's output if the job ends first or the time is up.
+    """
+    run_dir, deadline, seen = tmp_path / "runs" / "run", time.monotonic() + timeout, None
+    last = run_dir / "weights" / "last.pt"
+    while True:
+        # the epoch's row comes first, then its checkpoint; read last.pt again only when it is new
+        rows = len(results(run_dir)) if (run_dir / "results.csv").exists() else 0
+        if rows >= epochs and last.exists() and file_id(last) != seen:
+            seen = file_id(last)
+            if load_checkpoint(last)["epoch"] >= epochs - 1:
+                return
         state = cluster.job(job_id).get("JobState")
         if state in ENDED or time.monotonic() > deadline:
-            raise AssertionError(
-                f"job {job_id} ({state}): no {epochs} epochs in {timeout:.0f} s\n{job_output(tmp_path)}"
-            )
+            out = job_output(tmp_path)
+            raise AssertionError(f"job {job_id} ({state}): {epochs} epochs not in {timeout:.0f} s\n{out}")
         time.sleep(0.5)
 
 
