@@ -96,7 +96,7 @@ def slurm_conf(root: Path, node_line: str, nodes: int, ports: list[int], first_j
     )
     return f"""\
 ClusterName=ddputils
-SlurmctldHost={names[0]}
+SlurmctldHost={names[0]}(127.0.0.1)
 SlurmctldPort={ports[0]}
 SlurmUser=root
 AuthInfo=socket={root}/munge/munge.socket,cred_expire={CRED_EXPIRE}
