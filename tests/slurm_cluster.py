@@ -63,9 +63,9 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _node_line() -> str:
+def _node_line(env: dict[str, str]) -> str:
     """``slurmd -C``'s NodeName line: this host's CPUs, sockets, cores, threads and memory."""
-    result = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(["slurmd", "-C"], env=env, capture_output=True, text=True, timeout=60, check=False)
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("NodeName=")), None)
     if result.returncode != 0 or line is None:
         raise SlurmUnavailable(f"slurmd -C exited {result.returncode}: {(result.stderr or result.stdout).strip()}")
@@ -122,7 +122,7 @@ PartitionName=debug Nodes={",".join(names)} Default=YES MaxTime=INFINITE State=U
 
 @dataclass
 class SlurmCluster:
-    """A running one-node cluster: its directory, the environment its commands need, its daemons."""
+    """A running cluster: its directory, the environment its commands need, its node count, its daemons."""
 
     root: Path
     env: dict[str, str]
@@ -231,7 +231,7 @@ def start_cluster(nodes: int = 2, timeout: float = 60) -> SlurmCluster:
     env.update(PATH=path, SLURM_CONF=str(root / "slurm.conf"))
     cluster = SlurmCluster(root, env, nodes)
     try:
-        node_line = _node_line()
+        node_line = _node_line(env)
         names = node_names(node_line, nodes)
         first_job_id = random.randrange(1, 3_000) * 20_000 + random.randrange(1_000, 12_000)  # port 21000-31999
         (root / "slurm.conf").write_text(slurm_conf(root, node_line, nodes, _free_ports(nodes + 1), first_job_id))

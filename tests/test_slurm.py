@@ -251,11 +251,13 @@ def test_train_sbatch_usr1_saves_requeues_restarts_and_every_epoch_is_trained_on
     last = run_dir / "weights" / "last.pt"
     job = submit(cluster, "train.sbatch", tmp_path, "--epochs", "3")
     wait_for_epochs(cluster, job, tmp_path, 2, 200)
+    saved = file_id(last)
     cluster.command("scancel", "--signal=USR1", job)  # what --signal=USR1@90 sends near the time limit
     requeued = cluster.wait_job(job, requeued_or_ended, 90, "requeued")
     assert requeued["Restarts"] == "1", f"{requeued}\n{job_output(tmp_path)}"
-    # SLURM holds a requeued job back AuthInfo=cred_expire + 1 s: the restart has not begun to write yet
-    assert load_checkpoint(last)["epoch"] == 1 and len(results(run_dir)) == 2, job_output(tmp_path)
+    # saved again at the signal; SLURM holds the requeued job back cred_expire + 1 s, so nothing wrote since
+    assert file_id(last) != saved and load_checkpoint(last)["epoch"] == 1, job_output(tmp_path)
+    assert len(results(run_dir)) == 2, job_output(tmp_path)
 
     done = cluster.wait_job(job, lambda f: f.get("JobState") in ENDED, 200, "finished after its restart")
     out = job_output(tmp_path)
