@@ -270,7 +270,8 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
         if opt.sync_bn:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(run.device)
         # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
-        model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=du.distributed.ddp_process_group())
+        ddp_group = du.distributed.ddp_process_group()
+        model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=ddp_group)
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
     multi_scale = (run.imgsz, run.gs) if opt.multi_scale else None

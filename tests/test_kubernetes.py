@@ -120,7 +120,7 @@ def _train_args_in_shell(script_text: str) -> list[str]:
     for line in joined.splitlines():
         words = shlex.split(line, comments=True)
         if "train.py" in words:
-            args = words[words.index("train.py") + 1 :]
+            args = [w for w in words[words.index("train.py") + 1 :] if w != "$@"]  # the user's own options
             return args[args.index("--") + 1 :] if "--" in args else args
     raise AssertionError("no train.py command found")
 

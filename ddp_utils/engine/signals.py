@@ -8,7 +8,11 @@ all-reduce of one step read at the next), rank 0 saves ``last.pt`` and all ranks
 loop together and exit cleanly.
 
 A second delivery of the same signal gives it back its previous behaviour (for SIGTERM
-and SIGINT by default: terminate), so a second Ctrl-C still stops a stuck run.
+and SIGINT by default: terminate), so a second Ctrl-C still stops a stuck run. A repeat
+within :attr:`PreemptionHandler.repeat_window` seconds (SIGINT excepted) is the same request
+sent twice: SLURM signals every process of a job step and torchrun passes the signal on to
+its workers, so under ``train_torchrun.sbatch`` a ``scancel`` reaches each worker twice within
+milliseconds, and the second one would kill it before last.pt is saved.
 
 Requeue signals (SLURM's ``#SBATCH --signal=USR1@90``, see :func:`requeue_signal`) stop the
 loop the same way and also ask for the job to be requeued: after rank 0 saved ``last.pt``,
@@ -24,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping
 from types import FrameType
 from typing import Any
@@ -41,6 +46,8 @@ class PreemptionHandler:
     Args:
         signals: the signals to catch; SIGTERM by default (add ``signal.SIGINT`` to catch Ctrl-C).
         requeue_signals: signals that also ask for a requeue (:attr:`requeue`); repeats are ignored.
+        repeat_window: seconds after the first signal in which the same one again (other than
+            SIGINT, a person's second Ctrl-C) counts as the same delivery.
 
     Examples:
         >>> with PreemptionHandler() as preempt:
@@ -51,10 +58,17 @@ class PreemptionHandler:
         False
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,), requeue_signals: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        signals: tuple[int, ...] = (signal.SIGTERM,),
+        requeue_signals: tuple[int, ...] = (),
+        repeat_window: float = 2.0,
+    ) -> None:
         self.requeue_signals = tuple(requeue_signals)
         self.signals = tuple(dict.fromkeys([*signals, *self.requeue_signals]))
+        self.repeat_window = repeat_window
         self.received: int | None = None
+        self._received_at = 0.0
         self.requeue = False
         self._previous: dict[int, Any] = {}
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -89,12 +103,14 @@ class PreemptionHandler:
                 )
             return
         if self.received is None:
-            self.received = signum
+            self.received, self._received_at = signum, time.monotonic()
             LOGGER.warning(
                 f"received {signal.Signals(signum).name}: finishing this step, then saving and stopping "
                 "(send it again to stop at once)"
             )
             return
+        if signum == self.received != signal.SIGINT and time.monotonic() - self._received_at < self.repeat_window:
+            return  # the same request from a second sender (SLURM and torchrun)
         previous = self._previous.pop(signum, signal.SIG_DFL)
         signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         if callable(previous):
