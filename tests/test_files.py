@@ -48,8 +48,17 @@ def test_atomic_writes_respect_the_umask(umask, tmp_path):
 def test_label_cache_and_results_rewrite_respect_the_umask(umask, tmp_path):
     expected = 0o666 & ~umask
     cache = tmp_path / "labels.cache"
-    scan = {"version": 1, "hash": "h", "im_files": ["a.jpg"], "label_files": ["a.txt"], "counts": [1, 0, 0, 0, 0],
-            "messages": [], "labels": [np.zeros((1, 5), np.float32)], "shapes": [[64, 64]], "segments": [[]]}  # fmt: skip
+    scan = {
+        "version": 1,
+        "hash": "h",
+        "im_files": ["a.jpg"],
+        "label_files": ["a.txt"],
+        "counts": [1, 0, 0, 0, 0],
+        "messages": [],
+        "labels": [np.zeros((1, 5), np.float32)],
+        "shapes": [[64, 64]],
+        "segments": [[]],
+    }
     assert _write_cache(cache, scan)
     assert mode(cache) == expected
     logger = ResultsLogger(tmp_path / "run", tensorboard=False)
