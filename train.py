@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
@@ -86,10 +87,11 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def usage_error(message: str) -> None:
-    """A user's mistake: one line naming the value and what to do, exit code 2 (as argparse), no traceback."""
-    du.LOGGER.error(f"train.py: error: {message}")
-    sys.exit(2)
+def usage_error(message: str) -> NoReturn:
+    """A user's mistake: one line naming the value and what to do, exit code 2 (as argparse), no traceback.
+
+    Under torchrun: printed by each node's first process only, and named in torchrun's failure report."""
+    du.distributed.exit_usage_error(f"train.py: error: {message}")
 
 
 def check_opt(opt: argparse.Namespace, info: du.DistInfo) -> None:
@@ -379,4 +381,4 @@ def validate_and_checkpoint(run, opt, epoch, step, stats, train_loss, lrs, logge
 
 if __name__ == "__main__":
     with contextlib.suppress(BrokenPipeError):
-        main(parse_opt())
+        record(main)(parse_opt())  # torchrun's failure report shows an uncaught error's traceback
