@@ -27,6 +27,7 @@ import ddp_utils as du
 from ddp_utils import engine
 from ddp_utils.data import DevicePrefetcher, check_dataset, create_dataloader, create_val_dataloader, load_hyp
 from ddp_utils.engine.pretrained import foreign_resume_message, load_pretrained
+from ddp_utils.progress import PROGRESS_MODES, set_progress_mode
 from ddp_utils.yolo import (
     ComputeLoss,
     ForeignCheckpointError,
@@ -81,6 +82,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     add("--requeue-signal", default=None, help="signal to save, requeue the SLURM job and exit (default USR1 "
         "under SLURM, or DDP_UTILS_REQUEUE_SIGNAL; 'none': off)")  # fmt: skip
+    add("--progress", default=None, choices=PROGRESS_MODES, help="progress: a bar, plain lines every 10 s, or off "
+        "(default: $DDP_UTILS_PROGRESS, else a bar on a terminal, plain lines in a file)")  # fmt: skip
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
@@ -157,6 +160,7 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
 def main(opt: argparse.Namespace) -> None:
     info = du.dist_info()
     du.set_logging(info.rank)
+    set_progress_mode(opt.progress)
     check_opt(opt, info)
     try:  # the device decides the backend; a device that is not there is one line, before any rendezvous
         device = du.select_device(opt.device, batch_size=opt.batch_size if opt.batch_size > 0 else None)

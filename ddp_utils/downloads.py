@@ -12,9 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from .log import LOGGER
+from .progress import progress
 
 _CHUNK = 1 << 20
 
@@ -28,8 +27,8 @@ def _stream(url: str, target: Path, digest: Any) -> int | None:
     show = LOGGER.isEnabledFor(logging.INFO)
     with urllib.request.urlopen(url, timeout=60) as response, open(target, "wb") as f:
         total = int(response.headers.get("Content-Length") or 0) or None
-        with tqdm(
-            total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"downloading {url}", disable=not show
+        with progress(
+            total, desc=f"downloading {url}", mode=None if show else "off", unit="B", unit_scale=True, unit_divisor=1024
         ) as bar:
             while chunk := response.read(_CHUNK):
                 f.write(chunk)

@@ -6,13 +6,17 @@ Real train.py processes on the CPU (real torchrun with gloo where it says so), b
 from __future__ import annotations
 
 import re
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .multiproc import free_port
-from .test_train import describe, run, torchrun, train_env
+from ddp_utils.progress import PROGRESS_ENV
+
+from .multiproc import REPO_ROOT, free_port
+from .test_train import describe, run, tiny_data_yaml, torchrun, train_args, train_env
 
 
 def _errors_case(case: str, tmp_path: Path) -> tuple[list[str], str]:
@@ -53,3 +57,35 @@ def test_user_error_in_a_single_process_is_one_line_exit_2(tmp_path):
     errors = [line for line in result.stderr.splitlines() if "train.py: error:" in line]
     assert len(errors) == 1 and "missing.yaml: no such file" in errors[0], describe([result])
     assert "Traceback" not in result.stderr, describe([result])
+
+
+def _train_to_files(tmp_path: Path, name: str, *extra: str, umask: int = 0o022) -> tuple[int, str, Path]:
+    """A tiny 1-epoch train.py run with stdout and stderr going to files (as under SLURM or nohup)."""
+    data = tiny_data_yaml(tmp_path) if not (tmp_path / "tiny.yaml").exists() else tmp_path / "tiny.yaml"
+    env = train_env()
+    env.pop(PROGRESS_ENV, None)
+    log = tmp_path / f"{name}.log"
+    cmd = [sys.executable, *train_args(data, tmp_path / name, "--epochs", "1", *extra)]
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=280,
+                              umask=umask)  # fmt: skip
+    return proc.returncode, log.read_text(), tmp_path / name / "run"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_log_in_a_file_has_plain_progress_lines_and_off_has_none_and_files_follow_the_umask(tmp_path):
+    code, text, run_dir = _train_to_files(tmp_path, "plain")
+    assert code == 0, text
+    assert "\r" not in text  # no bar redraws in a file
+    assert re.search(r"^train: scanning .* 32/32 100% ", text, re.M), text  # the label scan ends at n/n
+    assert re.search(r"^1/1 mem - box \d\.\d{4} obj \d\.\d{4} cls \d\.\d{4} .*4/4 100% ", text, re.M), text
+    assert re.search(r"^epoch 1/1: loss ", text, re.M), text
+    for name in ("weights/last.pt", "weights/best.pt", "results.csv", "opt.yaml"):  # as open() makes them: 0644
+        assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o644, name
+
+    code, text, run_dir = _train_to_files(tmp_path, "off", "--progress", "off", umask=0o027)
+    assert code == 0, text
+    assert "\r" not in text and "100%" not in text and not re.search(r"\d+/\d+ \d+%", text), text
+    assert re.search(r"^epoch 1/1: loss ", text, re.M), text  # the epoch line stays
+    assert stat.S_IMODE((run_dir / "weights" / "last.pt").stat().st_mode) == 0o640
