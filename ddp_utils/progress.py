@@ -4,8 +4,8 @@ A tqdm bar redraws itself with carriage returns; in a file (SLURM's output, CI, 
 redraw stays, and a 20-epoch run leaves hundreds of them. So the mode is one of:
 
 - ``bar``: tqdm's bar (the default when the stream is a terminal);
-- ``plain``: one ordinary line every :data:`PLAIN_SECONDS` seconds and a last one when done (the
-  default otherwise);
+- ``plain``: one ordinary line every :data:`PLAIN_SECONDS` seconds (``DDP_UTILS_PROGRESS_SECONDS``)
+  and a last one when done (the default otherwise);
 - ``off``: nothing.
 
 ``DDP_UTILS_PROGRESS=bar|plain|off`` chooses for a process and its children; a command's
@@ -23,7 +23,8 @@ from typing import Any, TextIO
 
 PROGRESS_ENV = "DDP_UTILS_PROGRESS"
 PROGRESS_MODES = ("bar", "plain", "off")
-PLAIN_SECONDS = 10.0  # how often a plain progress line is printed
+PLAIN_SECONDS = 10.0  # how often a plain progress line is printed, unless $DDP_UTILS_PROGRESS_SECONDS says
+PLAIN_SECONDS_ENV = "DDP_UTILS_PROGRESS_SECONDS"
 BAR_SECONDS = 0.5  # how often a bar redraws (and its caller may refresh the description)
 
 
@@ -80,6 +81,29 @@ def set_progress_mode(mode: str | None) -> None:
         os.environ[PROGRESS_ENV] = progress_mode(mode)
 
 
+def plain_seconds() -> float:
+    """Seconds between plain progress lines: ``$DDP_UTILS_PROGRESS_SECONDS``, else :data:`PLAIN_SECONDS`.
+
+    Raises:
+        ValueError: the variable is not a number >= 0, named.
+
+    Examples:
+        >>> os.environ.pop(PLAIN_SECONDS_ENV, None) and None
+        >>> plain_seconds()
+        10.0
+    """
+    value = os.environ.get(PLAIN_SECONDS_ENV, "").strip()
+    if not value:
+        return PLAIN_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"{PLAIN_SECONDS_ENV}={value!r} is not a number of seconds >= 0")
+    return seconds
+
+
 def _number(value: float, unit: str) -> str:
     if unit == "B":
         return f"{value / 2**20:.1f}MB"
@@ -93,7 +117,7 @@ class PlainProgress:
         total: the number of steps (None: unknown).
         desc: the text before the count.
         unit: ``"B"`` shows bytes as MB; anything else counts steps.
-        interval: seconds between lines.
+        interval: seconds between lines (default :func:`plain_seconds`).
         file: where the lines go (default ``sys.stderr``).
 
     Examples:
@@ -112,11 +136,12 @@ class PlainProgress:
         total: int | None = None,
         desc: str = "",
         unit: str = "it",
-        interval: float = PLAIN_SECONDS,
+        interval: float | None = None,
         file: TextIO | None = None,
         **_tqdm_options: Any,
     ) -> None:
-        self.total, self.desc, self.unit, self.interval = total, desc, unit, interval
+        self.total, self.desc, self.unit = total, desc, unit
+        self.interval = plain_seconds() if interval is None else interval
         self.file = sys.stderr if file is None else file
         self.n = 0
         self.start = self.printed = time.monotonic()

@@ -59,11 +59,14 @@ def test_user_error_in_a_single_process_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in result.stderr, describe([result])
 
 
-def _train_to_files(tmp_path: Path, name: str, *extra: str, umask: int = 0o022) -> tuple[int, str, Path]:
+def _train_to_files(
+    tmp_path: Path, name: str, *extra: str, umask: int = 0o022, env_extra: dict | None = None
+) -> tuple[int, str, Path]:
     """A tiny 1-epoch train.py run with stdout and stderr going to files (as under SLURM or nohup)."""
     data = tiny_data_yaml(tmp_path) if not (tmp_path / "tiny.yaml").exists() else tmp_path / "tiny.yaml"
     env = train_env()
     env.pop(PROGRESS_ENV, None)
+    env.update(env_extra or {})
     log = tmp_path / f"{name}.log"
     cmd = [sys.executable, *train_args(data, tmp_path / name, "--epochs", "1", *extra)]
     with open(log, "w") as out:
@@ -75,11 +78,14 @@ def _train_to_files(tmp_path: Path, name: str, *extra: str, umask: int = 0o022) 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_train_log_in_a_file_has_plain_progress_lines_and_off_has_none_and_files_follow_the_umask(tmp_path):
-    code, text, run_dir = _train_to_files(tmp_path, "plain")
+    code, text, run_dir = _train_to_files(tmp_path, "plain", env_extra={"DDP_UTILS_PROGRESS_SECONDS": "0"})
     assert code == 0, text
     assert "\r" not in text  # no bar redraws in a file
     assert re.search(r"^train: scanning .* 32/32 100% ", text, re.M), text  # the label scan ends at n/n
-    assert re.search(r"^1/1 mem - box \d\.\d{4} obj \d\.\d{4} cls \d\.\d{4} .*4/4 100% ", text, re.M), text
+    # a line per batch here (every 0 s), each with the loss so far: the description is set before the line
+    steps = re.findall(r"^1/1 mem - box \d\.\d{4} obj \d\.\d{4} cls \d\.\d{4} inst \d+ size 128 (\d)/4 ", text, re.M)
+    assert steps == ["1", "2", "3", "4"], text
+    assert re.search(r"^1/1 mem - box \d\.\d{4} obj \d\.\d{4} cls \d\.\d{4} 4/4 100% ", text, re.M), text
     assert re.search(r"^epoch 1/1: loss ", text, re.M), text
     for name in ("weights/last.pt", "weights/best.pt", "results.csv", "opt.yaml"):  # as open() makes them: 0644
         assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o644, name

@@ -238,9 +238,9 @@ def train_one_epoch(
         if on_batch is not None:
             on_batch(i, batch_imgs, targets, paths)
         if bar is not None:
-            bar.update(1)
             if bar.due() or i + 1 == nb:  # a bar: every PROGRESS_SECONDS; plain lines: every PLAIN_SECONDS
                 bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs))  # reads mloss: a sync
+            bar.update(1)  # a plain line, when due, shows the description just set
         if preemption is not None and preemption.poll():
             stats.stopped = True
             break
