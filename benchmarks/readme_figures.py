@@ -62,7 +62,7 @@ def _tree_rss_bytes(root: int) -> int:
 def _watch_rss(proc: subprocess.Popen, peak: list[int]) -> None:
     while proc.poll() is None:
         peak[0] = max(peak[0], _tree_rss_bytes(proc.pid))
-        time.sleep(0.2)
+        time.sleep(1.0)  # walking /proc costs CPU time the job would rather have
 
 
 def main_job(workdir: Path) -> dict:
