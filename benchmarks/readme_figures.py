@@ -65,9 +65,17 @@ def _watch_rss(proc: subprocess.Popen, peak: list[int]) -> None:
         time.sleep(1.0)  # walking /proc costs CPU time the job would rather have
 
 
-def main_job(workdir: Path) -> dict:
-    """Run ``python train.py`` in ``workdir`` (fresh), return its timings, memory and metrics."""
+def main_job(workdir: Path, threads: int | None = None) -> dict:
+    """Run ``python train.py`` in ``workdir`` (fresh), return its timings, memory and metrics.
+
+    ``threads`` sets OMP_NUM_THREADS for the job (default: unset, as a user runs it). On a machine
+    that other jobs load, torch's 2 intra-op threads wait on each other at every parallel region
+    and a step can take 100 times longer; 1 thread avoids that (see train_throughput.py).
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDP_UTILS_", "RANK", "LOCAL_RANK", "WORLD_SIZE"))}
+    env.pop("OMP_NUM_THREADS", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     log = workdir / "train.log"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -149,17 +157,19 @@ def decode_ratio(images: Path, rounds: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-main-job", action="store_true", help="only the model sizes and the decode ratio")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the main job (default: unset)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     opt = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="readme_figures_"))
     rows: list[tuple[str, str]] = []
     if not opt.skip_main_job:
-        job = main_job(workdir)
+        job = main_job(workdir, opt.threads)
         wall, cpu = divmod(round(job["wall_s"]), 60), divmod(round(job["cpu_s"]), 60)
         rows += [
             ("main job: wall time (dataset generation included)", f"{wall[0]} min {wall[1]} s"),
             ("main job: CPU time, all processes", f"{cpu[0]} min {cpu[1]} s"),
             ("main job: load average before / after", f"{job['load_before']:.1f} / {job['load_after']:.1f}"),
+            ("main job: OMP_NUM_THREADS", str(opt.threads) if opt.threads else "unset (torch's default)"),
             ("main job: peak RSS, process tree (sampled)", f"{job['tree_peak_rss_gb']:.2f} GB"),
             ("main job: peak RSS, largest process", f"{job['largest_process_peak_rss_gb']:.2f} GB"),
             ("main job: epochs, validation images", f"{job['epochs']}, {job['n_val']}"),
