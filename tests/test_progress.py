@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pty
+import re
 
 import pytest
 
@@ -79,3 +80,35 @@ def test_label_scan_progress_ends_at_n_of_n(mode, tmp_path, capsys):
     scans = [line for line in final if "scanning" in line]
     assert scans and "7/7" in scans[-1] and "6/7" not in scans[-1], err
     assert ("\r" in err) == (mode == "bar"), err
+
+
+@pytest.mark.timeout(300)
+def test_val_progress_option_plain_lines_or_none(tmp_path):
+    """``python -m ddp_utils.val --progress``: the label scan as plain lines ending at n/n, or nothing."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from ddp_utils.engine import build_checkpoint, save_checkpoint
+    from ddp_utils.yolo import Model
+
+    from .multiproc import REPO_ROOT, launcher_env
+
+    make_shapes_dataset(tmp_path / "shapes", n_train=1, n_val=5, size=(64, 96), seed=0)
+    data = tmp_path / "shapes.yaml"
+    data.write_text(f"path: {tmp_path / 'shapes'}\ntrain: images/train\nval: images/val\nnames: [a, b, c, d]\n")
+    torch.manual_seed(0)
+    save_checkpoint(build_checkpoint(Model("yolov5n.yaml", nc=4)), tmp_path / "w.pt")
+    for mode in ("plain", "off"):
+        for cache in (tmp_path / "shapes" / "labels").glob("*.cache"):
+            cache.unlink()  # scan again
+        cmd = [sys.executable, "-m", "ddp_utils.val", "--weights", str(tmp_path / "w.pt"), "--data", str(data),
+               "--imgsz", "64", "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "runs"),
+               "--progress", mode]  # fmt: skip
+        env = {k: v for k, v in launcher_env().items() if k != PROGRESS_ENV}
+        result = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=250)
+        assert result.returncode == 0, result.stderr
+        assert "\r" not in result.stderr
+        scanned = re.search(r"^val: scanning .* 5/5 100% ", result.stderr, re.M)
+        assert bool(scanned) == (mode == "plain"), result.stderr
