@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
 from ddp_utils import engine
 from ddp_utils.data import DevicePrefetcher, check_dataset, create_dataloader, create_val_dataloader, load_hyp
 from ddp_utils.engine.pretrained import foreign_resume_message, load_pretrained
+from ddp_utils.progress import PROGRESS_MODES, set_progress_mode
 from ddp_utils.yolo import (
     ComputeLoss,
     ForeignCheckpointError,
@@ -80,16 +82,19 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     add("--requeue-signal", default=None, help="signal to save, requeue the SLURM job and exit (default USR1 "
         "under SLURM, or DDP_UTILS_REQUEUE_SIGNAL; 'none': off)")  # fmt: skip
+    add("--progress", default=None, choices=PROGRESS_MODES, help="progress: a bar, plain lines every 10 s, or off "
+        "(default: $DDP_UTILS_PROGRESS, else a bar on a terminal, plain lines in a file)")  # fmt: skip
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def usage_error(message: str) -> None:
-    """A user's mistake: one line naming the value and what to do, exit code 2 (as argparse), no traceback."""
-    du.LOGGER.error(f"train.py: error: {message}")
-    sys.exit(2)
+def usage_error(message: str) -> NoReturn:
+    """A user's mistake: one line naming the value and what to do, exit code 2 (as argparse), no traceback.
+
+    Under torchrun: printed by each node's first process only, and named in torchrun's failure report."""
+    du.distributed.exit_usage_error(f"train.py: error: {message}")
 
 
 def check_opt(opt: argparse.Namespace, info: du.DistInfo) -> None:
@@ -155,6 +160,7 @@ def resolve_run(opt: argparse.Namespace, info: du.DistInfo) -> tuple[argparse.Na
 def main(opt: argparse.Namespace) -> None:
     info = du.dist_info()
     du.set_logging(info.rank)
+    set_progress_mode(opt.progress)
     check_opt(opt, info)
     try:  # the device decides the backend; a device that is not there is one line, before any rendezvous
         device = du.select_device(opt.device, batch_size=opt.batch_size if opt.batch_size > 0 else None)
@@ -380,4 +386,4 @@ def validate_and_checkpoint(run, opt, epoch, step, stats, train_loss, lrs, logge
 
 if __name__ == "__main__":
     with contextlib.suppress(BrokenPipeError):
-        main(parse_opt())
+        record(main)(parse_opt())  # torchrun's failure report shows an uncaught error's traceback

@@ -27,11 +27,29 @@ def asset_dir(kind: str) -> Path:
     raise FileNotFoundError(f"no shipped '{kind}' directory under {' or '.join(str(r) for r in _ROOTS)}")
 
 
+# where YOLOv5's repository keeps the files we ship under each kind (its --cfg, --hyp and --data paths)
+_YOLOV5_DIRS = {"configs/models": ("models", "models/hub"), "configs/hyps": ("data/hyps",), "data": ("data",)}
+
+
+def _shipped_location(kind: str, path: Path) -> bool:
+    """Whether a name that is no file here means a shipped one: a bare name, or YOLOv5's path of it."""
+    parent = path.parent.as_posix()
+    return parent == "." or (not path.is_absolute() and parent in _YOLOV5_DIRS.get(kind, ()))
+
+
 def find_asset(kind: str, name: str | Path) -> Path:
     """Resolve a name to a file: an existing path as given, else a shipped file of that kind.
 
     ``find_asset("data", "coco.yaml")`` finds ``data/coco.yaml`` of the repo (or the
     installed copy); ``find_asset("data", "my/own.yaml")`` returns that path when it exists.
+    YOLOv5's paths of the same files, relative to its repo, find ours when no such file is here:
+    ``models/yolov5s.yaml`` (and ``models/hub/``), ``data/hyps/hyp.scratch-low.yaml``, ``data/coco.yaml``.
+
+    Examples:
+        >>> find_asset("configs/hyps", "data/hyps/hyp.scratch-low.yaml").parent.name
+        'hyps'
+        >>> find_asset("configs/models", "models/yolov5s.yaml").name
+        'yolov5s.yaml'
 
     Raises:
         FileNotFoundError: neither exists; the message names both places looked at.
@@ -43,7 +61,7 @@ def find_asset(kind: str, name: str | Path) -> Path:
         shipped = asset_dir(kind) / path.name
     except FileNotFoundError:
         shipped = None
-    if shipped is not None and shipped.is_file() and path.parent == Path("."):
+    if shipped is not None and shipped.is_file() and _shipped_location(kind, path):
         return shipped
     where = f" or {shipped}" if shipped is not None else ""
     raise FileNotFoundError(f"{name}: no such file (looked at {path.resolve()}{where})")

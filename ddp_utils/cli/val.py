@@ -32,6 +32,7 @@ from ..data import check_dataset, create_val_dataloader
 from ..engine.checkpoint_io import CheckpointError
 from ..engine.loggers import increment_path
 from ..engine.pretrained import load_pretrained
+from ..progress import PROGRESS_MODES, set_progress_mode
 from ..yamls import DataConfigError
 from ..yolo import Model
 from ..yolo.evaluate import batch_records
@@ -72,8 +73,11 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--name", default="exp", help="save to project/name")
     add("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
     add("--half", action="store_true", help="use FP16 half-precision inference (CUDA only)")
+    add("--progress", default=None, choices=PROGRESS_MODES, help="progress: a bar, plain lines, or off "
+        "(default: $DDP_UTILS_PROGRESS, else a bar on a terminal, plain lines in a file)")  # fmt: skip
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     opt = parser.parse_args(argv)
+    set_progress_mode(opt.progress)
     if opt.batch_size < 1 or (opt.imgsz is not None and opt.imgsz < 1):
         parser.error(f"--batch-size {opt.batch_size} and --imgsz {opt.imgsz} must be positive")
     return opt

@@ -16,12 +16,12 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from ..files import mkstemp_shared
 from ..log import LOGGER
 
 CACHE_VERSION = 1
@@ -115,7 +115,7 @@ def _write_cache(cache_path: Path, result: dict) -> bool:
     tmp = None
     try:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{cache_path.name}.", suffix=".tmp", dir=cache_path.parent)
+        fd, tmp = mkstemp_shared(cache_path.parent, prefix=f".{cache_path.name}.")
         with os.fdopen(fd, "wb") as f:
             f.write(buffer.getbuffer())
         os.replace(tmp, cache_path)

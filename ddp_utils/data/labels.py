@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from ..log import LOGGER
+from ..progress import progress
 from .headers import ORIENTATION_TAG, TRANSPOSED_ORIENTATIONS, fast_image_size
 from .label_cache import (
     _MEMORY_CACHE,
@@ -362,8 +362,8 @@ def _scan(im_files: list[str], label_files: list[str], prefix: str, workers: int
     kept_images, kept_labels, labels, shapes, segments, messages = [], [], [], [], [], []
     show = LOGGER.isEnabledFor(logging.INFO)
     results = _verified(list(zip(im_files, label_files)), workers)
-    bar = tqdm(results, total=len(im_files), desc=desc, disable=not show, leave=True)
-    for im_file, lb_file, (status, boxes, polygons, shape, duplicates, message) in zip(im_files, label_files, bar):
+    bar = progress(len(im_files), desc=desc, mode=None if show else "off", leave=True)
+    for im_file, lb_file, (status, boxes, polygons, shape, duplicates, message) in zip(im_files, label_files, results):
         counts[status] += 1
         counts["duplicates"] += duplicates
         if message:
@@ -379,6 +379,8 @@ def _scan(im_files: list[str], label_files: list[str], prefix: str, workers: int
             f"{counts['empty']} empty, {counts['corrupt']} corrupt",
             refresh=False,
         )
+        bar.update(1)  # after the item, so the bar ends at n/n
+    bar.close()
     return {
         "version": CACHE_VERSION,
         "im_files": kept_images,

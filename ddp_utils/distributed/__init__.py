@@ -16,6 +16,8 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
   :func:`broadcast_object`, :func:`all_gather_object`, :func:`rank_zero_only`.
 - ``zero_first.py``: :func:`torch_distributed_zero_first` and its job-wide variant, over the
   group's store with a heartbeat instead of barriers.
+- ``errors.py``: :func:`exit_usage_error` (a user's mistake: one line per node, named in
+  torchrun's failure report through its error file, exit code 2), :func:`record_error_for_launcher`.
 - ``parallel.py``: :func:`is_parallel`, :func:`de_parallel` (alias :func:`unwrap_model`).
 """
 
@@ -31,6 +33,7 @@ from .collectives import (
 )
 from .debug import DistDebug, ddp_process_group, debug_env, enable_debug
 from .env import DistEnvError, DistInfo, dist_info, env_rank, first_slurm_host, launch_key, slurm_job_id
+from .errors import USAGE_EXIT_CODE, exit_usage_error, record_error_for_launcher
 from .group import (
     DEFAULT_TIMEOUT_S,
     barrier,
@@ -57,6 +60,9 @@ from .zero_first import (
 )
 
 __all__ = [
+    "USAGE_EXIT_CODE",
+    "exit_usage_error",
+    "record_error_for_launcher",
     "DEFAULT_TIMEOUT_S",
     "HEARTBEAT_S",
     "DistDebug",

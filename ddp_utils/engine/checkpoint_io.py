@@ -39,7 +39,6 @@ import glob
 import os
 import pickle
 import re
-import tempfile
 import warnings
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -51,6 +50,7 @@ from torch import nn
 
 from ..distributed import is_main_process
 from ..distributed.parallel import de_parallel
+from ..files import mkstemp_shared
 from ..log import LOGGER
 
 CHECKPOINT_KEYS = (
@@ -267,7 +267,7 @@ def _atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(path)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+        fd, tmp_name = mkstemp_shared(path.parent, prefix=f".{path.name}.{os.getpid()}.")
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

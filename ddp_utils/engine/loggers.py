@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import yaml
 
 from ..distributed import is_main_process
+from ..files import mkstemp_shared
 from ..log import LOGGER
 from .checkpoint_io import to_plain
 
@@ -206,7 +206,7 @@ class ResultsLogger:
             return
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerows([rows[0], *kept])
-        fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".csv.tmp", dir=self.save_dir)
+        fd, tmp = mkstemp_shared(self.save_dir, prefix=".results.", suffix=".csv.tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(buffer.getvalue())
         os.replace(tmp, self.csv)

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..data.multiscale import multi_scale_resize
 from ..distributed.parallel import de_parallel
+from ..progress import progress, progress_mode
 from .amp import AMP_DTYPES
 from .ema import ModelEMA
 from .optim import Warmup
@@ -212,7 +213,8 @@ def train_one_epoch(
         epochs: the total, for the progress bar.
         preemption: a :class:`~ddp_utils.engine.PreemptionHandler`; every rank polls it each step
             and all leave at the same step once any rank got a signal.
-        progress: show a progress bar (the main process).
+        progress: show the epoch's progress (the main process): a bar, plain lines or nothing, as
+            :func:`ddp_utils.progress.progress_mode` says (``DDP_UTILS_PROGRESS``, else bar on a terminal).
         on_batch: called with ``(i, imgs, targets, paths)`` for each batch (the images as the loader gave
             them), e.g. to plot the first ones.
 
@@ -224,7 +226,6 @@ def train_one_epoch(
     mloss = torch.zeros(3, device=device)
     stats = EpochStats(mloss)
     bar = _progress(nb, enabled=progress)
-    refreshed = 0.0
     timer = _Timer(device)
     step.optimizer.zero_grad()
     for i, (batch_imgs, targets, paths, _shapes) in enumerate(loader):
@@ -237,10 +238,9 @@ def train_one_epoch(
         if on_batch is not None:
             on_batch(i, batch_imgs, targets, paths)
         if bar is not None:
-            bar.update(1)
-            if time.monotonic() - refreshed > PROGRESS_SECONDS or i + 1 == nb:
-                refreshed = time.monotonic()
+            if bar.due() or i + 1 == nb:  # a bar: every PROGRESS_SECONDS; plain lines: every PLAIN_SECONDS
                 bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs))  # reads mloss: a sync
+            bar.update(1)  # a plain line, when due, shows the description just set
         if preemption is not None and preemption.poll():
             stats.stopped = True
             break
@@ -253,11 +253,11 @@ def train_one_epoch(
 
 
 def _progress(nb: int, enabled: bool) -> Any:
-    if not enabled:
+    """The epoch's progress on the main process: a bar on a terminal, plain lines in a log, or None (off)."""
+    mode = progress_mode() if enabled else "off"
+    if mode == "off":
         return None
-    from tqdm import tqdm  # lazy: only the main process draws a bar
-
-    return tqdm(total=nb, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr, mininterval=PROGRESS_SECONDS)
+    return progress(nb, mode=mode, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr, mininterval=PROGRESS_SECONDS)
 
 
 def _describe(epoch: int, epochs: int | None, mloss: torch.Tensor, device: torch.device, targets, imgs) -> str:

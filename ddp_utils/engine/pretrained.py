@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..downloads import DownloadError, released_weights
 from ..log import LOGGER
 from ..yolo.foreign import read_yolov5_checkpoint, yolov5_model
 from .checkpoint_io import CheckpointError, UnsafeCheckpointError, build_checkpoint, load_checkpoint, save_checkpoint
@@ -69,12 +70,21 @@ def load_pretrained(path: str | Path) -> dict[str, Any]:
     For a YOLOv5 file the dict has ``ckpt["foreign"] == "yolov5"``: fine for ``--weights``, not for
     ``--resume`` (no optimizer, another program's options).
 
+    A bare name of YOLOv5's released weights (``yolov5s.pt``, ``yolov5n6.pt``...) that is not a
+    file here is downloaded first (:func:`~ddp_utils.downloads.released_weights`), as YOLOv5 does.
+
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file (for a release name: nor could it be downloaded; the message
+            names the URL to fetch by hand).
         CheckpointError: not a torch checkpoint.
         ForeignCheckpointError: a pickled model this reader cannot map (an Ultralytics 8 model, a
             pickle that tries to call something, an unknown layout).
     """
+    if not Path(path).exists():  # YOLOv5's habit: --weights yolov5s.pt fetches its release by name
+        try:
+            path = released_weights(path) or path
+        except DownloadError as exc:
+            raise FileNotFoundError(str(exc)) from None
     try:
         return load_ours(path)
     except UnsafeCheckpointError:

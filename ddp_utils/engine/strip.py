@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,11 +20,14 @@ from torch import nn
 
 from ..distributed import is_main_process
 from ..log import LOGGER
+from ..yolo.foreign import ForeignCheckpointError
+from ..yolo.repickle import save_records, strip_yolov5_records
 from .checkpoint_io import (
     CheckpointError,
     UnsafeCheckpointError,
     _unsupported_global,
     atomic_torch_save,
+    atomic_write_bytes,
     load_checkpoint,
 )
 
@@ -90,6 +94,34 @@ def _strip_pickled_model(ckpt: dict[str, Any], half: bool) -> None:
         param.requires_grad = False
 
 
+def _is_yolov5_checkpoint(path: Path) -> bool:
+    """Whether ``path`` pickles YOLOv5's own model classes (``models.yolo.*``, ``models.common.*``)."""
+    if not path.is_file():
+        return False
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception:  # not a zip checkpoint: load_checkpoint says what it is
+        return False
+    return any(name.removeprefix("yolov5.").startswith(("models.yolo.", "models.common.")) for name in names)
+
+
+def _strip_yolov5(source: Path, target: Path, half: bool) -> Path:
+    """YOLOv5's own checkpoint: stripped as its records, written back under YOLOv5's class names."""
+    try:
+        ckpt = strip_yolov5_records(source, half)
+    except ForeignCheckpointError as exc:
+        raise UnsafeCheckpointError(
+            f"{exc}; it was not stripped (nothing in it was run): strip it with YOLOv5's own strip_optimizer, "
+            "or convert it with `python -m ddp_utils.convert` and strip the result"
+        ) from None
+    buffer = io.BytesIO()
+    save_records(ckpt, buffer)
+    atomic_write_bytes(buffer.getvalue(), target)
+    saved_as = f", saved as {target}" if target != source else ""
+    LOGGER.info(f"Optimizer stripped from {source}{saved_as}, {target.stat().st_size / 1e6:.1f}MB")
+    return target
+
+
 def strip_optimizer(
     f: str | Path = "best.pt",
     s: str | Path | None = "",
@@ -128,6 +160,8 @@ def strip_optimizer(
     target = Path(out or s or source)
     if not is_main_process():
         return None
+    if _is_yolov5_checkpoint(source):
+        return _strip_yolov5(source, target, half)
     try:
         ckpt = load_checkpoint(source)
     except UnsafeCheckpointError:

@@ -1,9 +1,14 @@
-"""The reference detector: a YOLOv5-style model built from a model yaml, its loss, box ops and COCO metrics."""
+"""The reference detector: a YOLOv5-style model built from a model yaml, its loss, box ops and COCO metrics.
+
+``head.py`` finds a YOLOv5-style detection head by its attributes (ours or YOLOv5's own ``Detect``);
+``foreign.py`` reads YOLOv5's pickled checkpoints as inert records, ``repickle.py`` writes such records back.
+"""
 
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
 from .evaluate import evaluate
 from .finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
+from .head import detection_head
 from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_BCE, smooth_bce
 from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
@@ -19,6 +24,7 @@ from .ops import (
 )
 
 __all__ = [
+    "detection_head",
     "transfer_weights",
     "scale_loss_gains",
     "grid_size",

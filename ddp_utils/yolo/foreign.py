@@ -296,6 +296,8 @@ def read_yolov5_checkpoint(path: str | Path) -> dict[str, Any]:
     yaml_dict = _plain(attrs.get("yaml"))
     if not isinstance(yaml_dict, dict):
         raise ForeignCheckpointError(f"{path}: the model has no architecture dict ('yaml'), so it cannot be rebuilt")
+    if isinstance(attrs.get("yaml_file"), str) and attrs["yaml_file"]:  # YOLOv5's name of it: "yolov5s.yaml"
+        yaml_dict.setdefault("yaml_file", Path(attrs["yaml_file"]).name)
     return {
         "state_dict": tensors,
         "yaml": yaml_dict,

@@ -23,7 +23,7 @@ from torch import nn
 from torchvision.ops import complete_box_iou_loss
 
 from ..boxes import xywh2xyxy
-from .model import Detect
+from .head import detection_head
 
 _REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t")
 # The centre cell plus one neighbour in each direction; a target uses the centre and the two nearest.
@@ -165,9 +165,7 @@ class ComputeLoss:
         missing = [k for k in _REQUIRED_HYP if k not in hyp]
         if missing:
             raise KeyError(f"hyp is missing {', '.join(missing)}: the loss needs {', '.join(_REQUIRED_HYP)}")
-        detect = model.model[-1]
-        if not isinstance(detect, Detect):
-            raise TypeError(f"the model's last layer is {type(detect).__name__}, not Detect")
+        detect = detection_head(model)  # ours or YOLOv5's own Detect: found by its attributes, not its class
         device = next(model.parameters()).device
         self.hyp = hyp
         self.bce_cls = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([float(hyp["cls_pw"])], device=device))

@@ -121,15 +121,17 @@ def load_model_yaml(cfg: str | Path | dict) -> tuple[dict, str]:
     """Read a model yaml: a dict as given, a path, or a bare name shipped in configs/models/.
 
     Returns:
-        The config dict (a copy) and a name for messages (the file path, or "<dict>").
+        The config dict (a copy) and a name for messages and the summary: the file path; for a dict,
+        the name of the yaml file it came from (its ``yaml_file`` key, as checkpoints record it), else "<dict>".
 
     Examples:
         >>> cfg, source = load_model_yaml("yolov5n.yaml")
         >>> cfg["width_multiple"], Path(source).name
         (0.25, 'yolov5n.yaml')
     """
-    if isinstance(cfg, dict):
-        return deepcopy(cfg), "<dict>"
+    if isinstance(cfg, dict):  # from a checkpoint: named by the yaml file it was built from, when recorded
+        named = cfg.get("yaml_file")
+        return deepcopy(cfg), Path(named).name if isinstance(named, str) and named else "<dict>"
     path = find_asset("configs/models", cfg)
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -308,6 +310,8 @@ class Model(nn.Module):
     ) -> None:
         super().__init__()
         self.yaml, self.yaml_file = load_model_yaml(cfg)
+        if self.yaml_file != "<dict>":  # kept in the checkpoint's model_cfg: a model built from it has the name
+            self.yaml["yaml_file"] = Path(self.yaml_file).name
         ch = self.yaml["ch"] = self.yaml.get("ch", ch)
         if nc is not None and nc != self.yaml.get("nc"):
             LOGGER.info(f"{Path(self.yaml_file).name}: overriding nc={self.yaml.get('nc')} with nc={nc}")

@@ -1,0 +1,97 @@
+"""What a user meets around train.py: errors under torchrun, logs in a file, YOLOv5's habits, file modes.
+
+Real train.py processes on the CPU (real torchrun with gloo where it says so), bounded by timeouts.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_utils.progress import PROGRESS_ENV
+
+from .multiproc import REPO_ROOT, free_port
+from .test_train import describe, run, tiny_data_yaml, torchrun, train_args, train_env
+
+
+def _errors_case(case: str, tmp_path: Path) -> tuple[list[str], str]:
+    if case == "batch size not a multiple":
+        return ["--batch-size", "3"], "--batch-size 3 does not divide by WORLD_SIZE=2"
+    missing = tmp_path / "missing.yaml"
+    return ["--data", str(missing)], str(missing)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case", ["batch size not a multiple", "missing data yaml"])
+def test_user_error_under_torchrun_is_one_line_and_named_in_torchruns_report(case, tmp_path):
+    args, named = _errors_case(case, tmp_path)
+    project = tmp_path / "runs"
+    cmd = torchrun(2, "train.py", "--device", "cpu", "--epochs", "1", "--project", str(project), *args,
+                   port=free_port())  # fmt: skip
+    result = run(cmd, train_env(), 220)
+    assert result.returncode == 1, describe([result])  # torchrun's own code when a worker fails
+    output = result.stdout + result.stderr
+    errors = [line for line in output.splitlines() if "train.py: error:" in line]
+    # one line from the workers (the node's first process), then torchrun's report naming the cause per rank
+    printed = [line for line in errors if not line.lstrip().startswith("traceback :")]
+    assert len(printed) == 1 and named in printed[0], describe([result])
+    report = output[output.index("Root Cause") :]
+    assert re.search(r"exitcode\s*: 2", report), describe([result])
+    assert "To enable traceback see" not in report.split("Root Cause")[-1], describe([result])
+    assert re.search(rf"traceback\s*: train\.py: error: .*{re.escape(named)}", report), describe([result])
+    assert 'train.py", line' not in output, describe([result])  # no worker printed a traceback
+    assert not project.exists() or not any(project.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_user_error_in_a_single_process_is_one_line_exit_2(tmp_path):
+    cmd = [sys.executable, "train.py", "--device", "cpu", "--data", str(tmp_path / "missing.yaml")]
+    result = run(cmd, train_env(), 100)
+    assert result.returncode == 2, describe([result])
+    errors = [line for line in result.stderr.splitlines() if "train.py: error:" in line]
+    assert len(errors) == 1 and "missing.yaml: no such file" in errors[0], describe([result])
+    assert "Traceback" not in result.stderr, describe([result])
+
+
+def _train_to_files(
+    tmp_path: Path, name: str, *extra: str, umask: int = 0o022, env_extra: dict | None = None
+) -> tuple[int, str, Path]:
+    """A tiny 1-epoch train.py run with stdout and stderr going to files (as under SLURM or nohup)."""
+    data = tiny_data_yaml(tmp_path) if not (tmp_path / "tiny.yaml").exists() else tmp_path / "tiny.yaml"
+    env = train_env()
+    env.pop(PROGRESS_ENV, None)
+    env.update(env_extra or {})
+    log = tmp_path / f"{name}.log"
+    cmd = [sys.executable, *train_args(data, tmp_path / name, "--epochs", "1", *extra)]
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=280,
+                              umask=umask)  # fmt: skip
+    return proc.returncode, log.read_text(), tmp_path / name / "run"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_log_in_a_file_has_plain_progress_lines_and_off_has_none_and_files_follow_the_umask(tmp_path):
+    code, text, run_dir = _train_to_files(tmp_path, "plain", env_extra={"DDP_UTILS_PROGRESS_SECONDS": "0"})
+    assert code == 0, text
+    assert "\r" not in text  # no bar redraws in a file
+    assert re.search(r"^train: scanning .* 32/32 100% ", text, re.M), text  # the label scan ends at n/n
+    # a line per batch here (every 0 s), each with the loss so far: the description is set before the line
+    steps = re.findall(r"^1/1 mem - box \d\.\d{4} obj \d\.\d{4} cls \d\.\d{4} inst \d+ size 128 (\d)/4 ", text, re.M)
+    assert steps == ["1", "2", "3", "4"], text
+    assert re.search(r"^1/1 mem - box \d\.\d{4} obj \d\.\d{4} cls \d\.\d{4} 4/4 100% ", text, re.M), text
+    assert re.search(r"^epoch 1/1: loss ", text, re.M), text
+    for name in ("weights/last.pt", "weights/best.pt", "results.csv", "opt.yaml"):  # as open() makes them: 0644
+        assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o644, name
+
+    code, text, run_dir = _train_to_files(tmp_path, "off", "--progress", "off", umask=0o027)
+    assert code == 0, text
+    assert "\r" not in text and "100%" not in text and not re.search(r"\d+/\d+ \d+%", text), text
+    assert re.search(r"^epoch 1/1: loss ", text, re.M), text  # the epoch line stays
+    assert stat.S_IMODE((run_dir / "weights" / "last.pt").stat().st_mode) == 0o640
