@@ -17,6 +17,8 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
 - ``zero_first.py``: :func:`torch_distributed_zero_first` and its job-wide variant, over the
   group's store with a heartbeat instead of barriers.
 - ``parallel.py``: :func:`is_parallel`, :func:`de_parallel` (alias :func:`unwrap_model`).
+- ``sync_batchnorm.py``: :func:`convert_sync_batchnorm` / :func:`revert_sync_batchnorm` and
+  :class:`GroupBatchNorm`: BatchNorm over the whole group's batch on any backend (``--sync-bn``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .group import (
 # the private names that ddp_utils.distributed had before it became a package, for code that imports them
 from .group import collective_device as _collective_device  # noqa: F401
 from .parallel import de_parallel, is_parallel, unwrap_model
+from .sync_batchnorm import GroupBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
 from .zero_first import (
     HEARTBEAT_S,
     RankFailedError,
@@ -62,6 +65,7 @@ __all__ = [
     "DistDebug",
     "DistEnvError",
     "DistInfo",
+    "GroupBatchNorm",
     "RankFailedError",
     "all_gather_object",
     "any_rank",
@@ -69,6 +73,7 @@ __all__ = [
     "broadcast_object",
     "cleanup",
     "collective_device",
+    "convert_sync_batchnorm",
     "ddp_process_group",
     "de_parallel",
     "debug_env",
@@ -89,6 +94,7 @@ __all__ = [
     "slurm_job_id",
     "reduce_dict",
     "reduce_tensor",
+    "revert_sync_batchnorm",
     "torch_distributed_rank_zero_first",
     "torch_distributed_zero_first",
     "unwrap_model",
