@@ -268,12 +268,12 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
         model.compile()  # in place: parameter names and checkpoints stay as they are
     if info.distributed:
         if opt.sync_bn:
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(run.device)
+            model = du.dist.convert_sync_batchnorm(model).to(run.device)  # torch's on CUDA, ours on gloo
         # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
         model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=du.dist.ddp_process_group())
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
-    multi_scale = (run.imgsz, run.gs) if opt.multi_scale else None
+    multi_scale = (run.imgsz, run.gs, opt.seed) if opt.multi_scale else None
     step = engine.TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, opt.amp,
                             info.world_size, multi_scale, channels_last)  # fmt: skip
     return SimpleNamespace(step=step, scheduler=scheduler, start_epoch=start_epoch, best_fitness=best_fitness)
