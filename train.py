@@ -161,7 +161,7 @@ def main(opt: argparse.Namespace) -> None:
     except USER_ERRORS as exc:
         usage_error(str(exc))
     if opt.dist_debug:  # before the group forms: torch wraps it to check every collective across ranks
-        du.dist.enable_debug(Path(opt.project) / "dist_debug")
+        du.distributed.enable_debug(Path(opt.project) / "dist_debug")
     du.init_distributed(device=device)
     finished = False
     try:
@@ -259,7 +259,7 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
     loss_hyp = scale_loss_gains(hyp, engine.de_parallel(model).model[-1].nl, run.nc, run.imgsz, opt.label_smoothing)
     if run.ckpt is None:
         ema = engine.init_class_biases(model, run.dataset.labels, run.nc)  # the EMA starts from these biases
-    compute_loss = ComputeLoss(model, loss_hyp)
+    compute_loss = ComputeLoss(model, loss_hyp, across_ranks=True)  # normalised by the whole global batch
 
     # ---- compile on request, SyncBatchNorm, then DDP (it broadcasts rank 0's weights) ----
     if channels_last:
@@ -268,9 +268,10 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
         model.compile()  # in place: parameter names and checkpoints stay as they are
     if info.distributed:
         if opt.sync_bn:
-            model = du.dist.convert_sync_batchnorm(model).to(run.device)  # torch's on CUDA, ours on gloo
+            model = du.distributed.convert_sync_batchnorm(model).to(run.device)  # torch's on CUDA, ours on gloo
         # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
-        model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=du.dist.ddp_process_group())
+        group = du.distributed.ddp_process_group()
+        model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=group)
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
     multi_scale = (run.imgsz, run.gs, opt.seed) if opt.multi_scale else None
