@@ -15,6 +15,8 @@ the conversion.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -90,7 +92,9 @@ class GroupBatchNorm(_BatchNorm):
         local_count = x.new_full((1,), x.numel() // channels, dtype=torch.float64)
         stats = torch.cat((x.sum(dims, dtype=torch.float64), (x * x).sum(dims, dtype=torch.float64), local_count))
         group = self.process_group if self.process_group is not None else dist.group.WORLD
-        stats = all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+        with warnings.catch_warnings():  # torch 2.5+ calls it deprecated; its successor has no autograd on gloo
+            warnings.filterwarnings("ignore", "torch.distributed.nn.functional.all_reduce", FutureWarning)
+            stats = all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
         total, squares, count = stats[:channels], stats[channels : 2 * channels], stats[-1]
         if count.item() <= 1:  # BatchNorm's own check (on a GPU under gloo, a CPU-GPU sync point)
             raise ValueError(f"expected more than 1 value per channel when training, got {int(count.item())}")
