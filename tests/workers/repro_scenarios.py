@@ -15,6 +15,14 @@ from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains
 from ddp_utils.yolo.finetune import grid_size
 
 
+def train_loader(data: dict, hyp: dict, imgsz: int, batch: int, stride: int, local_rank: int):
+    """train.py's training loader: augmented, shuffled with seed 3, no worker processes."""
+    loader, _ = create_dataloader(
+        data["train"], imgsz, batch, stride, hyp=hyp, augment=True, rank=local_rank, workers=0, shuffle=True, seed=3
+    )
+    return loader
+
+
 def one_step(data_yaml: str, out_dir: str, global_batch: str = "16", imgsz: str = "128") -> None:
     """The first step's loss and gradients of yolov5n on the first global batch (rank 0 writes them)."""
     torch.set_num_threads(1)
@@ -24,8 +32,7 @@ def one_step(data_yaml: str, out_dir: str, global_batch: str = "16", imgsz: str 
     du.init_seeds(3)
     model = Model("yolov5n.yaml", ch=3, nc=int(data["nc"]))
     gs = grid_size(model)
-    loader, _ = create_dataloader(data["train"], int(imgsz), int(global_batch) // world, gs, hyp=hyp, augment=True,
-                                  rank=info.local_rank if world > 1 else -1, workers=0, shuffle=True, seed=3)  # fmt: skip
+    loader = train_loader(data, hyp, int(imgsz), int(global_batch) // world, gs, info.local_rank if world > 1 else -1)
     loader.set_epoch(0)
     imgs, targets, _, _ = next(iter(loader))
     loss_fn = ComputeLoss(model, scale_loss_gains(hyp, 3, int(data["nc"]), int(imgsz)), across_ranks=True)
@@ -41,13 +48,14 @@ def one_step(data_yaml: str, out_dir: str, global_batch: str = "16", imgsz: str 
     sys.stdout.write("done\n")
 
 
-def epoch_batches(data_yaml: str, out_dir: str, global_batch: str = "16", imgsz: str = "128", epochs: str = "2") -> None:
+def epoch_batches(
+    data_yaml: str, out_dir: str, global_batch: str = "16", imgsz: str = "128", epochs: str = "2"
+) -> None:
     """Every batch this rank loads in the first epochs (images and targets), saved for comparison."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     info = du.init_distributed(backend="gloo") if world > 1 else du.dist_info()
     data, hyp = check_dataset(data_yaml), load_hyp("hyp.shapes.yaml")
-    loader, _ = create_dataloader(data["train"], int(imgsz), int(global_batch) // world, 32, hyp=hyp, augment=True,
-                                  rank=info.local_rank if world > 1 else -1, workers=0, shuffle=True, seed=3)  # fmt: skip
+    loader = train_loader(data, hyp, int(imgsz), int(global_batch) // world, 32, info.local_rank if world > 1 else -1)
     seen = []
     for epoch in range(int(epochs)):
         loader.set_epoch(epoch)
