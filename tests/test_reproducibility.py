@@ -109,3 +109,17 @@ def test_torchrun_two_by_eight_with_sync_bn_equals_one_process_by_sixteen(tmp_pa
     assert diff < 1e-4, f"trained weights differ by {diff:.2e} (relative norm)"
     assert a["ema_updates"] == b["ema_updates"] > 0
     assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
+
+
+def test_group_normalised_loss_without_a_group_is_the_plain_loss():
+    from ddp_utils.yolo import ComputeLoss, Model, load_model_yaml
+
+    cfg, _ = load_model_yaml("yolov5n.yaml")
+    model = Model({**cfg, "width_multiple": 0.0625}, nc=3)
+    hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0}
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.3], [1, 2, 0.3, 0.6, 0.1, 0.1], [1, 0, 0.7, 0.2, 0.3, 0.2]])
+    preds = model(torch.rand(2, 3, 64, 64))
+    for dense in (False, True):
+        plain = ComputeLoss(model, hyp, dense=dense)(preds, targets)
+        grouped = ComputeLoss(model, hyp, dense=dense, across_ranks=True)(preds, targets)
+        assert torch.equal(plain[0], grouped[0]) and torch.equal(plain[1], grouped[1])
