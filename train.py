@@ -265,7 +265,7 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
     loss_hyp = scale_loss_gains(hyp, engine.de_parallel(model).model[-1].nl, run.nc, run.imgsz, opt.label_smoothing)
     if run.ckpt is None:
         ema = engine.init_class_biases(model, run.dataset.labels, run.nc)  # the EMA starts from these biases
-    compute_loss = ComputeLoss(model, loss_hyp)
+    compute_loss = ComputeLoss(model, loss_hyp, across_ranks=True)  # normalised by the whole global batch
 
     # ---- compile on request, SyncBatchNorm, then DDP (it broadcasts rank 0's weights) ----
     if channels_last:
@@ -274,13 +274,13 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
         model.compile()  # in place: parameter names and checkpoints stay as they are
     if info.distributed:
         if opt.sync_bn:
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(run.device)
+            model = du.distributed.convert_sync_batchnorm(model).to(run.device)  # torch's on CUDA, ours on gloo
         # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
         ddp_group = du.distributed.ddp_process_group()
         model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=ddp_group)
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
-    multi_scale = (run.imgsz, run.gs) if opt.multi_scale else None
+    multi_scale = (run.imgsz, run.gs, opt.seed) if opt.multi_scale else None
     step = engine.TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, opt.amp,
                             info.world_size, multi_scale, channels_last)  # fmt: skip
     return SimpleNamespace(step=step, scheduler=scheduler, start_epoch=start_epoch, best_fitness=best_fitness)

@@ -1,7 +1,9 @@
 """Which images each rank gets in an epoch: one class per guarantee (detectron2's habit).
 
-- :class:`TrainSampler`: every rank runs the same number of batches, every epoch; the
-  shards are disjoint and together cover every image (a few repeats pad the last shard).
+- :class:`TrainSampler`: every rank runs the same number of batches, every epoch, and the
+  ranks' batches of step ``k``, concatenated in rank order, are the batch ``k`` that one
+  process with the whole global batch would load (so N processes train on what one does);
+  a few repeats pad the last step when it does not divide by the world size.
 - :class:`WeightedTrainSampler`: as :class:`TrainSampler`, but the epoch is ``n`` draws
   with replacement by per-image weights (YOLOv5's ``--image-weights``).
 - :class:`EvalSampler`: every image exactly once over all ranks, no padding; a rank may
@@ -9,7 +11,8 @@
 
 Each gives an epoch as lists of :class:`~ddp_utils.data.dataset.SampleKey`, a pure function
 of (seed, epoch, global rank, world size), so a resume or a restarted worker gives the same
-epoch again.
+epoch again. A sample's slot (its place in the epoch's global order, which seeds its
+augmentation) does not depend on the world size.
 """
 
 from __future__ import annotations
@@ -49,31 +52,46 @@ class _ShardedSampler:
         return np.arange(self.n)
 
     def _shard_bounds(self) -> list[tuple[int, int]]:
-        if self.pad:
-            per = math.ceil(self.n / self.world_size)
-            return [(r * per, (r + 1) * per) for r in range(self.world_size)]
         sizes = [len(a) for a in np.array_split(np.arange(self.n), self.world_size)]
         starts = np.concatenate([[0], np.cumsum(sizes)])
         return [(int(starts[r]), int(starts[r + 1])) for r in range(self.world_size)]
 
     def _batch_slots(self) -> list[list[range]]:
-        # per rank, its batches as ranges of slots (positions in the padded global order)
-        return [
-            [range(s, min(s + self.batch_size, end)) for s in range(start, end, self.batch_size)]
-            for start, end in self._shard_bounds()
-        ]
+        """Per rank, its batches as ranges of slots (positions in the global order, padded past ``n``)."""
+        if not self.pad:  # contiguous, unpadded shards
+            return [
+                [range(s, min(s + self.batch_size, end)) for s in range(start, end, self.batch_size)]
+                for start, end in self._shard_bounds()
+            ]
+        # global step k takes the next batch_size * world_size slots; rank r its r-th equal part.
+        # The last step is padded to a multiple of the world size (slots n, n+1, ... repeat the order's first).
+        total = math.ceil(self.n / self.world_size) * self.world_size
+        step = self.batch_size * self.world_size
+        slots: list[list[range]] = [[] for _ in range(self.world_size)]
+        for start in range(0, total, step):
+            share = (min(start + step, total) - start) // self.world_size
+            for r in range(self.world_size):
+                slots[r].append(range(start + r * share, start + (r + 1) * share))
+        return slots
 
     def rect_batches(self) -> list[list[int]]:
-        """Every rank's batches of image indices without shuffling, in global batch order."""
-        return [[s % self.n for s in b] for rank_batches in self._batch_slots() for b in rank_batches]
+        """Every rank's batches of image indices without shuffling, numbered as :meth:`epoch_batches` numbers them."""
+        return [[s % self.n for s in self._batch_slots()[r][j]] for r, j in self._batch_ids()]
+
+    def _batch_ids(self) -> list[tuple[int, int]]:
+        """(rank, j) of every batch in batch-id order: step-major for training, rank-major for evaluation."""
+        per_rank = [len(b) for b in self._batch_slots()]
+        if self.pad:
+            return [(r, j) for j in range(per_rank[0]) for r in range(self.world_size)]
+        return [(r, j) for r in range(self.world_size) for j in range(per_rank[r])]
 
     def epoch_batches(self, epoch: int) -> list[list[SampleKey]]:
         """This rank's batches of one epoch."""
         order = self.order(epoch)
-        slots = self._batch_slots()
-        first = sum(len(b) for b in slots[: self.rank])  # global batch id of this rank's first batch
+        ids = {rank_j: b for b, rank_j in enumerate(self._batch_ids())}
         return [
-            [SampleKey(epoch, s, int(order[s % self.n]), first + j) for s in b] for j, b in enumerate(slots[self.rank])
+            [SampleKey(epoch, s, int(order[s % self.n]), ids[(self.rank, j)]) for s in b]
+            for j, b in enumerate(self._batch_slots()[self.rank])
         ]
 
     def __len__(self) -> int:
@@ -85,10 +103,15 @@ class TrainSampler(_ShardedSampler):
     """Training: equal, disjoint, covering shards, so every rank runs the same number of batches.
 
     Guarantee: for any ``n`` and world size, every rank gets ``ceil(n / world_size)`` slots
-    (so ``len`` is the same on every rank and no rank waits at a collective the others never
-    reach); the slots are disjoint and cover every image, the shortfall filled with the
-    order's first images (at most ``world_size - 1`` repeats). The order is a permutation
-    seeded by (seed, epoch) when shuffling, else ``0..n-1``.
+    in the same number of batches (so no rank waits at a collective the others never reach);
+    the slots are disjoint and cover every image, the shortfall filled with the order's
+    first images (at most ``world_size - 1`` repeats). Step ``k`` of every rank together is
+    the global batch ``k``: slots ``k * batch_size * world_size`` onwards, rank ``r`` taking the
+    ``r``-th equal part, so the ranks' batches concatenated in rank order are what one process
+    with ``batch_size * world_size`` images per batch loads at step ``k``, whatever the world
+    size. Only the last step can differ: when its images do not divide by the world size it is
+    padded with repeats (it then holds up to ``world_size - 1`` images more than one process's).
+    The order is a permutation seeded by (seed, epoch) when shuffling, else ``0..n-1``.
 
     Args:
         n: images in the dataset.
@@ -100,8 +123,8 @@ class TrainSampler(_ShardedSampler):
 
     Examples:
         >>> s = TrainSampler(10, batch_size=4, global_rank=1, world_size=2)
-        >>> [[k.index for k in b] for b in s.epoch_batches(0)]
-        [[5, 6, 7, 8], [9]]
+        >>> [[k.index for k in b] for b in s.epoch_batches(0)]  # rank 0 gets [0, 1, 2, 3], [8]
+        [[4, 5, 6, 7], [9]]
     """
 
     def __init__(

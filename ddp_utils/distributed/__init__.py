@@ -19,6 +19,8 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
 - ``errors.py``: :func:`exit_usage_error` (a user's mistake: one line per node, named in
   torchrun's failure report through its error file, exit code 2), :func:`record_error_for_launcher`.
 - ``parallel.py``: :func:`is_parallel`, :func:`de_parallel` (alias :func:`unwrap_model`).
+- ``sync_batchnorm.py``: :func:`convert_sync_batchnorm` / :func:`revert_sync_batchnorm` and
+  :class:`GroupBatchNorm`: BatchNorm over the whole group's batch on any backend (``--sync-bn``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from .group import (
 # the private names that ddp_utils.distributed had before it became a package, for code that imports them
 from .group import collective_device as _collective_device  # noqa: F401
 from .parallel import de_parallel, is_parallel, unwrap_model
+from .sync_batchnorm import GroupBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
 from .zero_first import (
     HEARTBEAT_S,
     RankFailedError,
@@ -68,6 +71,7 @@ __all__ = [
     "DistDebug",
     "DistEnvError",
     "DistInfo",
+    "GroupBatchNorm",
     "RankFailedError",
     "all_gather_object",
     "any_rank",
@@ -75,6 +79,7 @@ __all__ = [
     "broadcast_object",
     "cleanup",
     "collective_device",
+    "convert_sync_batchnorm",
     "ddp_process_group",
     "de_parallel",
     "debug_env",
@@ -95,6 +100,7 @@ __all__ = [
     "slurm_job_id",
     "reduce_dict",
     "reduce_tensor",
+    "revert_sync_batchnorm",
     "torch_distributed_rank_zero_first",
     "torch_distributed_zero_first",
     "unwrap_model",

@@ -73,7 +73,8 @@ class TrainStep:
         warmup: ramps lr, momentum and accumulation; None for none.
         amp: "fp16", "bf16" or "off" (:func:`resolve_amp`).
         world_size: the loss is scaled by it, since DDP averages gradients over ranks.
-        multi_scale: ``(imgsz, grid)`` to resize each batch at random (``--multi-scale``), or None.
+        multi_scale: ``(imgsz, grid, seed)`` to resize each batch to a size drawn from (seed, epoch, step)
+            (``--multi-scale``: the same on every rank), or None.
         channels_last: put input batches in channels_last memory format (CUDA conv models).
         max_grad_norm: gradient clipping norm.
     """
@@ -87,7 +88,7 @@ class TrainStep:
     warmup: Warmup | None = None
     amp: str = "off"
     world_size: int = 1
-    multi_scale: tuple[int, int] | None = None
+    multi_scale: tuple[int, ...] | None = None
     channels_last: bool = False
     max_grad_norm: float = 10.0
     last_opt_step: int = -1
@@ -110,7 +111,7 @@ class TrainStep:
             self.warmup.step(ni, epoch)
         accumulate = self.warmup.accumulate(ni, self.accumulate) if self.warmup is not None else self.accumulate
         if self.multi_scale is not None:
-            imgs = multi_scale_resize(imgs, *self.multi_scale)
+            imgs = multi_scale_resize(imgs, *self.multi_scale, epoch=epoch, step=ni)
         optimizer_step = ni - self.last_opt_step >= accumulate
         no_sync = getattr(self.model, "no_sync", None)
         # a DDP all-reduce after a backward that no optimizer step follows would only be repeated later

@@ -23,6 +23,8 @@ from torch import nn
 from torchvision.ops import complete_box_iou_loss
 
 from ..boxes import xywh2xyxy
+from ..distributed.collectives import reduce_tensor
+from ..distributed.group import get_world_size
 from .head import detection_head
 
 _REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t")
@@ -133,6 +135,12 @@ class ComputeLoss:
         dense: weight every candidate instead of selecting the matched ones (no host wait;
             about 20 % more arithmetic). None: dense on CUDA, selected elsewhere, where the
             selection costs no wait and the numbers stay bit-for-bit those of the selecting loss.
+        across_ranks: in a process group, divide each level's box and class sums by the whole
+            group's number of matched candidates (one all-reduce of the counts per training call),
+            not by this rank's, so that N ranks x B images give the gradients of one process
+            with N x B images (YOLOv5 divides by each rank's own count). Only calls with
+            gradients enabled reduce: evaluation, under ``no_grad``, may run a different number
+            of batches on each rank and keeps its own counts.
 
     Call it with the training-mode outputs (a list of ``[B, na, ny, nx, 5 + nc]``) and the
     targets ``[n, 6]`` = (image index, class, xc, yc, w, h) normalised to the input size. It
@@ -155,7 +163,13 @@ class ComputeLoss:
     balance_by_levels = {3: [4.0, 1.0, 0.4]}
 
     def __init__(
-        self, model: nn.Module, hyp: dict | bool | None = None, autobalance: bool = False, dense: bool | None = None
+        self,
+        model: nn.Module,
+        hyp: dict | bool | None = None,
+        autobalance: bool = False,
+        dense: bool | None = None,
+        *,
+        across_ranks: bool = False,
     ) -> None:
         if isinstance(hyp, bool):  # YOLOv5's positional ComputeLoss(model, autobalance)
             hyp, autobalance = None, hyp
@@ -182,6 +196,7 @@ class ComputeLoss:
         self.na, self.nc, self.nl = detect.na, detect.nc, detect.nl
         self.anchor_t = float(hyp["anchor_t"])
         self.dense = dense
+        self.across_ranks = across_ranks
         self._constants: dict = {}  # small per-device tensors, made once: a host-to-device copy waits
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,8 +210,9 @@ class ComputeLoss:
         balance = []
         dense = self.dense if self.dense is not None else device.type == "cuda"
         assignment = self.dense_targets(preds, targets, select=not dense)
+        counts = self._group_counts(assignment, preds[0].shape[0], device)
         for level, (pred, assigned) in enumerate(zip(preds, assignment)):
-            box_term, cls_term, obj_target = self._level_terms(pred, assigned)
+            box_term, cls_term, obj_target = self._level_terms(pred, assigned, counts[level])
             loss_box += box_term
             loss_cls += cls_term
             obj_loss = self.bce_obj(pred[..., 4], obj_target)
@@ -211,10 +227,29 @@ class ComputeLoss:
         batch_size = preds[0].shape[0]
         return (loss_box + loss_obj + loss_cls) * batch_size, torch.cat((loss_box, loss_obj, loss_cls)).detach()
 
+    def _group_counts(
+        self, assignment: list[LevelTargets], batch_size: int, device: torch.device
+    ) -> list[torch.Tensor | None]:
+        """Per level, the group's matched candidates x this rank's share of the group's images; None: local means.
+
+        Dividing this rank's sums by it makes the ranks' losses add up to one process's loss
+        over the whole global batch (DDP's average, times the world size, is that sum).
+        """
+        if not (self.across_ranks and torch.is_grad_enabled() and get_world_size() > 1):
+            return [None] * len(assignment)
+        local = [a.cls.new_tensor(a.cls.shape[0]) if a.valid is None else a.valid.sum() for a in assignment]
+        local = torch.stack([*local, local[0].new_tensor(batch_size)]).to(device, torch.float64)
+        total = reduce_tensor(local, op="sum")
+        share = batch_size / total[-1]
+        return list((total[:-1].clamp(min=1) * share).float().unbind(0))  # 0 matched anywhere: the sums are 0
+
     def _level_terms(
-        self, pred: torch.Tensor, assigned: LevelTargets
+        self, pred: torch.Tensor, assigned: LevelTargets, group_count: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One level's box and class loss (means over the matched candidates) and its objectness target."""
+        """One level's box and class loss (means over the matched candidates) and its objectness target.
+
+        With ``group_count``, sums divided by it instead of means over this rank's candidates.
+        """
         cls, box, index, anchors, valid = assigned
         dense = valid is not None
         zero = pred.new_zeros((), dtype=torch.float32)
@@ -229,11 +264,11 @@ class ComputeLoss:
         obj_values = (1.0 - ciou_loss).detach().clamp(0)
         if dense:
             weight = valid.float()
-            count = weight.sum().clamp(min=1)  # a device scalar: 0 candidates give a 0 loss, not a wait
+            count = weight.sum().clamp(min=1) if group_count is None else group_count  # a device scalar: no wait
             box_term = (ciou_loss * weight).sum() / count
             obj_target = _scatter_last(pred.shape[:4], index, obj_values, valid).to(pred.dtype)
         else:
-            box_term = ciou_loss.mean()
+            box_term = ciou_loss.mean() if group_count is None else ciou_loss.sum() / group_count
             obj_target = torch.zeros(pred.shape[:4], dtype=pred.dtype, device=pred.device)
             obj_target[index] = obj_values.to(pred.dtype)
         cls_term = zero
@@ -242,8 +277,10 @@ class ComputeLoss:
             if dense:
                 per_candidate = _elementwise(self.bce_cls, pcls, cls_target).sum(1)
                 cls_term = (per_candidate * weight).sum() / (count * self.nc)
-            else:
+            elif group_count is None:
                 cls_term = self.bce_cls(pcls, cls_target)
+            else:
+                cls_term = _elementwise(self.bce_cls, pcls, cls_target).sum() / (group_count * self.nc)
         return box_term, cls_term, obj_target
 
     def dense_targets(

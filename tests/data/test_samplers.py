@@ -49,3 +49,20 @@ def test_epoch_sampler_keeps_its_old_call_form():
     assert isinstance(EpochSampler(10, 2, 0, 2, shuffle=True, seed=1), TrainSampler)
     assert isinstance(EpochSampler(10, 2, 0, 2, pad=False), EvalSampler)
     assert issubclass(TrainSampler, _ShardedSampler) and not issubclass(EvalSampler, TrainSampler)
+
+
+@pytest.mark.parametrize("n, world, batch", [(64, 2, 8), (64, 4, 4), (30, 2, 4), (29, 3, 2), (5, 4, 3)])
+def test_ranks_together_load_what_one_process_loads(n, world, batch):
+    """Step k of all ranks, concatenated in rank order, is one process's step k with the global batch."""
+    one = TrainSampler(n, batch * world, shuffle=True, seed=7).epoch_batches(2)
+    ranks = [TrainSampler(n, batch, r, world, shuffle=True, seed=7).epoch_batches(2) for r in range(world)]
+    assert all(len(r) == len(one) for r in ranks)
+    for k, want in enumerate(one):
+        got = [key for r in ranks for key in r[k]]
+        assert len({len(r[k]) for r in ranks}) == 1  # equal parts: the same per-rank batch size
+        if k < len(one) - 1 or len(want) % world == 0:
+            assert [(g.slot, g.index) for g in got] == [(w.slot, w.index) for w in want]
+        else:  # the last step, padded to a multiple of the world size with the order's first images
+            assert [(g.slot, g.index) for g in got][: len(want)] == [(w.slot, w.index) for w in want]
+            pad = got[len(want) :]
+            assert 0 < len(pad) < world and [k.index for k in pad] == [k.index for k in one[0][: len(pad)]]

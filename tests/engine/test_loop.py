@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ddp_utils.data import load_hyp
-from ddp_utils.data.multiscale import multi_scale_resize
+from ddp_utils.data.multiscale import multi_scale_resize, multi_scale_size
 from ddp_utils.engine import (
     EpochStats,
     TrainStep,
@@ -70,7 +70,7 @@ def reference_epoch(model, optimizer, ema, compute_loss, warmup, scaler, multi_s
         accumulate = warmup.accumulate(ni, 2)
         if multi_scale is not None:
             imgsz, grid_size = multi_scale
-            size = random.randrange(int(imgsz * 0.5), int(imgsz * 1.5) + grid_size) // grid_size * grid_size
+            size = multi_scale_size(imgsz, grid_size, 0, epoch, ni)  # a function of (seed, epoch, step)
             factor = size / max(imgs.shape[2:])
             if factor != 1:
                 new_shape = [math.ceil(x * factor / grid_size) * grid_size for x in imgs.shape[2:]]
@@ -153,8 +153,7 @@ def test_class_frequency_and_multi_scale_resize():
     labels = [np.array([[1, 0.5, 0.5, 0.1, 0.1]] * 3), np.zeros((0, 5)), np.array([[0, 0.5, 0.5, 0.1, 0.1]])]
     assert class_frequency(labels, 3).tolist() == [1.0, 3.0, 0.0]
     assert class_frequency([np.zeros((0, 5))], 2).tolist() == [0.0, 0.0]
-    random.seed(0)
-    sizes = {tuple(multi_scale_resize(torch.zeros(1, 3, 64, 96), 64, 32).shape[2:]) for _ in range(30)}
+    sizes = {tuple(multi_scale_resize(torch.zeros(1, 3, 64, 96), 64, 32, step=k).shape[2:]) for k in range(30)}
     assert all(h % 32 == 0 and w % 32 == 0 for h, w in sizes) and len(sizes) > 1
 
 
