@@ -189,6 +189,7 @@ def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
     names = {0: "item"} if opt.single_cls and len(data["names"]) != 1 else data["names"]
     opt.amp = engine.resolve_amp(opt.amp, device)
     du.init_seeds(du.rank_seed(opt.seed, info.rank), deterministic=opt.deterministic)
+    du.set_cudnn_mode(opt.deterministic)  # from the flag alone: every rank the same, whatever its seed
 
     # ---- model: pretrained tensors where name and shape match, frozen layers, size on the stride ----
     if ckpt is None and opt.weights:
