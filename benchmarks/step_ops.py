@@ -43,6 +43,7 @@ def _counter_class():
     """tests/hostwait.py of this checkout, loaded by path (the library may come from another checkout)."""
     spec = importlib.util.spec_from_file_location("hostwait", REPO / "tests" / "hostwait.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module.HostWaitCounter
 
