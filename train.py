@@ -160,7 +160,7 @@ def main(opt: argparse.Namespace) -> None:
     except USER_ERRORS as exc:
         usage_error(str(exc))
     if opt.dist_debug:  # before the group forms: torch wraps it to check every collective across ranks
-        du.dist.enable_debug(Path(opt.project) / "dist_debug")
+        du.distributed.enable_debug(Path(opt.project) / "dist_debug")
     du.init_distributed(device=device)
     finished = False
     try:
@@ -265,7 +265,7 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
     if channels_last:
         engine.to_channels_last(ema.ema)
     # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
-    group = du.dist.ddp_process_group() if info.distributed else None
+    group = du.distributed.ddp_process_group() if info.distributed else None
     model = engine.wrap_model(model, run.device, distributed=info.distributed, sync_bn=opt.sync_bn,
                               compile=opt.compile, process_group=group)  # fmt: skip
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
