@@ -112,6 +112,7 @@ def skeleton_host_ms(model, repeats: int) -> dict:
     kwargs = {"fused": True} if "fused" in inspect.signature(smart_optimizer).parameters else {}
     optimizer = smart_optimizer(skeleton, "SGD", 0.01, 0.9, 5e-4, **kwargs)
     scaler, ema = torch.amp.GradScaler("cpu", enabled=True), ModelEMA(skeleton)
+    scaler.scale(torch.ones(()))  # the scale exists from a step's first scale() on
 
     def optimize():
         for p in skeleton.parameters():
