@@ -21,7 +21,6 @@ from typing import NoReturn
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
 from ddp_utils import engine
@@ -195,6 +194,7 @@ def setup(opt: argparse.Namespace, device: torch.device, info: du.DistInfo, ckpt
     names = {0: "item"} if opt.single_cls and len(data["names"]) != 1 else data["names"]
     opt.amp = engine.resolve_amp(opt.amp, device)
     du.init_seeds(du.rank_seed(opt.seed, info.rank), deterministic=opt.deterministic)
+    du.set_cudnn_mode(opt.deterministic)  # from the flag alone: every rank the same, whatever its seed
 
     # ---- model: pretrained tensors where name and shape match, frozen layers, size on the stride ----
     if ckpt is None and opt.weights:
@@ -243,7 +243,7 @@ def make_run_dir(opt: argparse.Namespace, info: du.DistInfo, hyp: dict) -> None:
 
 def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistInfo) -> SimpleNamespace:
     """Optimizer, schedule, EMA, loss and the DDP wrapper; a resumed run's state put back."""
-    model, hyp, cuda = run.model, run.hyp, run.device.type == "cuda"
+    model, hyp = run.model, run.hyp
     channels_last = engine.use_channels_last(run.device)  # CUDA's convolutions run much faster so; the CPU's do not
     if channels_last:  # before the optimizer and DDP, which keep the parameters' layout
         engine.to_channels_last(model)
@@ -267,17 +267,13 @@ def build_training(run: SimpleNamespace, opt: argparse.Namespace, info: du.DistI
         ema = engine.init_class_biases(model, run.dataset.labels, run.nc)  # the EMA starts from these biases
     compute_loss = ComputeLoss(model, loss_hyp, across_ranks=True)  # normalised by the whole global batch
 
-    # ---- compile on request, SyncBatchNorm, then DDP (it broadcasts rank 0's weights) ----
+    # ---- SyncBatchNorm and DDP (it broadcasts rank 0's weights), then compile on request (Dynamo sees DDP) ----
     if channels_last:
         engine.to_channels_last(ema.ema)
-    if opt.compile:
-        model.compile()  # in place: parameter names and checkpoints stay as they are
-    if info.distributed:
-        if opt.sync_bn:
-            model = du.distributed.convert_sync_batchnorm(model).to(run.device)  # torch's on CUDA, ours on gloo
-        # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
-        ddp_group = du.distributed.ddp_process_group()
-        model = DDP(model, device_ids=[run.device.index] if cuda else None, process_group=ddp_group)
+    # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
+    group = du.distributed.ddp_process_group() if info.distributed else None
+    model = engine.wrap_model(model, run.device, distributed=info.distributed, sync_bn=opt.sync_bn,
+                              compile=opt.compile, process_group=group)  # fmt: skip
     warmup = engine.Warmup(optimizer, lf, len(run.train_loader), hyp["warmup_epochs"], hyp["warmup_bias_lr"],
                            hyp["warmup_momentum"], hyp["momentum"], int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
     multi_scale = (run.imgsz, run.gs, opt.seed) if opt.multi_scale else None

@@ -1,20 +1,26 @@
-"""How close does train.py come to the card's own speed? Four figures from one run.
+"""How close does the training loop come to the card's own speed? Figures from the code train.py runs.
 
-1. model: forward + backward on random tensors (AMP on CUDA, the memory format train.py
-   uses: ``channels_last`` on CUDA), no loss: the model's own bound;
-2. step: the full training step on random tensors and targets: ComputeLoss, GradScaler,
-   gradient clipping, SGD, EMA; plus one instrumented pass that times each part, so the
-   share of ComputeLoss + EMA + optimizer in the step is known;
-3. loader: ``create_dataloader`` alone on a generated shapes set (mosaic, batch);
-4. train.py: the real script as a subprocess on that set for about ``--steps`` steps; its
-   per-epoch log lines are parsed (an ``img/s`` figure if it prints one, else the epoch's
-   ``data Xs, compute Ys``), and the epochs after the first give its steady state.
+1. model: forward + backward on random tensors (AMP on CUDA, channels_last on CUDA), no loss:
+   the model's own bound;
+2. step: :class:`~ddp_utils.engine.TrainStep` (ComputeLoss, GradScaler, the fused optimizer,
+   clipping, EMA) on one random batch, repeated; plus one instrumented pass that times each part;
+3. loader: ``create_dataloader`` wrapped in :class:`~ddp_utils.data.DevicePrefetcher` alone, on a
+   generated shapes set (mosaic, batch): the data bound;
+4. loop: :func:`~ddp_utils.engine.train_one_epoch` over that prefetched loader, as train.py calls it
+   (the model wrapped by ``wrap_model``, warm-up, a PreemptionHandler polled each step);
+5. ddp: the same loop in one process under ``torchrun --nproc_per_node 1``: the DDP wrapper, the
+   preemption poll and NCCL (gloo on the CPU) in the loop;
+6. train.py itself as a subprocess (``--train-py``), its epoch lines parsed.
 
-It prints img/s of each, the ratio of (4) to min((2), (3)), the share of (4)'s step time
-spent waiting for data, and the share of (2) spent in ComputeLoss + EMA + optimizer; the
-last line is ``RESULT {json}`` for scripts.
+cuDNN runs as train.py sets it (``set_cudnn_mode(False)``: autotuned). Each of (4)-(6) reports its
+steady state (the epochs after the first). It prints img/s of each, (4) / min((2), (3)), the
+data wait of (4) and (5), and the share of (2) spent outside the model; the last line is
+``RESULT {json}`` for scripts.
 
-Run:  python benchmarks/gpu_step.py --model yolov5s.yaml --imgsz 640 --batch 64 --steps 300 --device 0
+Without CUDA it says so in one line and measures with the ``--quick`` sizes (a 20 GB
+yolov5s/640/64 step on a CPU helps nobody).
+
+Run:  python benchmarks/gpu_step.py --model yolov5s.yaml --imgsz 640 --batch 64 --device 0
       python benchmarks/gpu_step.py --quick            (CPU, tiny: checks that it all runs)
 """
 
@@ -22,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,13 +42,28 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ddp_utils.data import create_dataloader, load_hyp  # noqa: E402
+import ddp_utils as du  # noqa: E402
+from ddp_utils.data import DevicePrefetcher, create_dataloader, load_hyp  # noqa: E402
 from ddp_utils.data.synthetic import DEFAULT_CLASSES, make_shapes_dataset  # noqa: E402
-from ddp_utils.engine import ModelEMA, smart_optimizer  # noqa: E402
+from ddp_utils.engine import (  # noqa: E402
+    ModelEMA,
+    PreemptionHandler,
+    TrainStep,
+    Warmup,
+    accumulate_steps,
+    lr_lambda,
+    resolve_amp,
+    smart_optimizer,
+    train_one_epoch,
+    wrap_model,
+)
 from ddp_utils.engine.memory_format import to_channels_last, use_channels_last  # noqa: E402
-from ddp_utils.yolo import ComputeLoss, Model  # noqa: E402
+from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains  # noqa: E402
 
 EPOCH_LINE = re.compile(r"\bepoch (\d+)/\d+: [^\n]*?([0-9.]+) img/s, data wait ([0-9.]+)%")
+SPEED = re.compile(r"([0-9.]+) img/s, data wait ([0-9.]+)%")
+MODES = ("model", "step", "loader", "loop", "ddp")
+QUICK = {"model": "yolov5n.yaml", "imgsz": 32, "batch": 2, "steps": 2, "warmup": 1, "workers": 0, "images": 8}
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,17 +72,21 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--model", default="yolov5s.yaml")
     add("--imgsz", type=int, default=640)
     add("--batch", type=int, default=64)
-    add("--steps", type=int, default=300, help="timed steps of (1)-(3); about this many train.py steps in (4)")
-    add("--warmup", type=int, default=10, help="untimed steps first (cuDNN, allocator)")
+    add("--steps", type=int, default=300, help="timed steps of (1)-(3); about this many loop steps in (4)-(6)")
+    add("--warmup", type=int, default=10, help="untimed steps first (cuDNN autotuning, allocator)")
     add("--device", default="", help="cuda index, 'cpu'; default: cuda:0 if there is one")
     add("--workers", type=int, default=8)
-    add("--images", type=int, default=2000, help="training images generated for (3) and (4)")
-    add("--quick", action="store_true", help="CPU, yolov5n at 64 px, batch 4, a few steps: a smoke run")
-    add("--skip-train", action="store_true", help="leave out (4)")
+    add("--images", type=int, default=2000, help="training images generated for (3)-(6)")
+    add("--modes", nargs="+", default=list(MODES), choices=MODES, help="what to measure")
+    add("--train-py", action="store_true", help="also run train.py itself (6)")
+    add("--quick", action="store_true", help="CPU, yolov5n at 32 px, batch 2, a few steps: a smoke run")
+    add("--ddp-worker", help=argparse.SUPPRESS)  # the data yaml, in the process torchrun starts for (5)
     opt = parser.parse_args(argv)
+    if not opt.quick and opt.device != "cpu" and not torch.cuda.is_available():
+        print(f"gpu_step: no CUDA device here (torch {torch.__version__}); measuring on the CPU with --quick sizes")
+        opt.quick = True
     if opt.quick:
-        opt.model, opt.imgsz, opt.batch, opt.steps, opt.warmup = "yolov5n.yaml", 32, 2, 2, 1
-        opt.device, opt.workers, opt.images = "cpu", 0, 4
+        vars(opt).update(QUICK, device="cpu")
     return opt
 
 
@@ -76,21 +103,33 @@ def sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def build(opt: argparse.Namespace, device: torch.device, hyp: dict):
-    """The model as train.py holds it: on the device, in its memory format, with its loss, optimizer and EMA."""
+def build(opt: argparse.Namespace, device: torch.device, hyp: dict, nb: int = 1, distributed: bool = False):
+    """The TrainStep as train.py builds it: memory format, fused optimizer, EMA, scaled loss, wrap_model, warm-up."""
+    du.set_cudnn_mode(False)  # train.py without --deterministic
     torch.manual_seed(0)
     model = Model(opt.model, nc=len(DEFAULT_CLASSES)).to(device).train()
-    if use_channels_last(device):
+    channels_last = use_channels_last(device)
+    if channels_last:
         to_channels_last(model)
+    amp = resolve_amp(None, device)
+    accumulate = accumulate_steps(opt.batch)
     optimizer = smart_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-    return model, ComputeLoss(model, hyp), optimizer, ModelEMA(model)
+    ema = ModelEMA(model)
+    loss_hyp = scale_loss_gains(hyp, model.model[-1].nl, len(DEFAULT_CLASSES), opt.imgsz)
+    compute_loss = ComputeLoss(model, loss_hyp)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    world = du.get_world_size()
+    model = wrap_model(model, device, distributed=distributed)
+    lf = lr_lambda(hyp["lrf"], 3)
+    warmup = Warmup(
+        optimizer, lf, nb, hyp["warmup_epochs"], hyp["warmup_bias_lr"], hyp["warmup_momentum"], hyp["momentum"], 1
+    )
+    return TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, amp, world, None, channels_last)
 
 
 def random_batch(opt: argparse.Namespace, device: torch.device, per_image: int = 8):
     gen = torch.Generator().manual_seed(0)
-    images = torch.rand(opt.batch, 3, opt.imgsz, opt.imgsz, generator=gen).to(device)
-    if use_channels_last(device):
-        images = images.contiguous(memory_format=torch.channels_last)
+    images = torch.randint(0, 256, (opt.batch, 3, opt.imgsz, opt.imgsz), generator=gen, dtype=torch.uint8)
     n = opt.batch * per_image
     targets = torch.cat(
         (
@@ -100,92 +139,155 @@ def random_batch(opt: argparse.Namespace, device: torch.device, per_image: int =
             torch.rand(n, 2, generator=gen) * 0.3 + 0.02,
         ),
         1,
-    ).to(device)
-    return images, targets
+    )
+    return images.to(device), targets.to(device)
 
 
 def model_only(opt, device, hyp) -> float:
     """(1) img/s of forward + backward alone."""
-    model, *_ = build(opt, device, hyp)
+    step = build(opt, device, hyp)
     images, _ = random_batch(opt, device)
-    cuda = device.type == "cuda"
+    images = step.prepare(images, device)
     for i in range(opt.warmup + opt.steps):
         if i == opt.warmup:
             start = sync(device)
-        with torch.autocast(device.type, enabled=cuda):
-            outputs = model(images)
+        with torch.autocast(
+            device.type, enabled=step.amp != "off", dtype=torch.float16 if step.amp == "fp16" else torch.bfloat16
+        ):
+            outputs = step.model(images)
         sum(o.float().mean() for o in outputs).backward()
     return opt.batch * opt.steps / (sync(device) - start)
 
 
 def full_step(opt, device, hyp) -> tuple[float, dict]:
-    """(2) img/s of the whole step, and ms per part from one instrumented pass (waits between parts)."""
-    model, compute_loss, optimizer, ema = build(opt, device, hyp)
+    """(2) img/s of TrainStep on one batch, and ms per part from one instrumented pass (waits between parts)."""
+    step = build(opt, device, hyp)
     images, targets = random_batch(opt, device)
-    cuda = device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=cuda)
-    parts = dict.fromkeys(("forward", "loss", "backward", "optimizer", "ema"), 0.0)
-
-    def step(timed: bool) -> None:
-        marks = [sync(device) if timed else 0.0]
-        with torch.autocast(device.type, enabled=cuda):
-            outputs = model(images)
-            marks.append(sync(device) if timed else 0.0)
-            loss, _ = compute_loss(outputs, targets)
-        marks.append(sync(device) if timed else 0.0)
-        scaler.scale(loss).backward()
-        marks.append(sync(device) if timed else 0.0)
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad()
-        marks.append(sync(device) if timed else 0.0)
-        ema.update(model)
-        if timed:
-            marks.append(sync(device))
-            for name, t0, t1 in zip(parts, marks, marks[1:]):
-                parts[name] += (t1 - t0) * 1000
-
-    for _ in range(opt.warmup):
-        step(False)
+    images = step.prepare(images, device)
+    for i in range(opt.warmup):
+        step(images, targets, i, 0)
     start = sync(device)
-    for _ in range(opt.steps):
-        step(False)
+    for i in range(opt.steps):
+        step(images, targets, opt.warmup + i, 0)
     rate = opt.batch * opt.steps / (sync(device) - start)
-    instrumented = max(3, min(opt.steps, 20))
-    for _ in range(instrumented):
-        step(True)
-    return rate, {name: ms / instrumented for name, ms in parts.items()}
+    return rate, instrumented_parts(step, images, targets, device, max(3, min(opt.steps, 20)))
 
 
-def loader_alone(opt, train_dir: Path, hyp) -> float:
-    """(3) img/s of the training loader, mosaic on, nothing else."""
+def instrumented_parts(step: TrainStep, images, targets, device, repeats: int) -> dict:
+    """ms per part of TrainStep's work, each part closed by a device sync (so: an upper bound per part)."""
+    parts = dict.fromkeys(("forward", "loss", "backward", "optimizer", "ema"), 0.0)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(step.amp)
+    for _ in range(repeats):
+        marks = [sync(device)]
+        with torch.autocast(device.type, enabled=dtype is not None, dtype=dtype or torch.float32):
+            outputs = step.model(images)
+            marks.append(sync(device))
+            loss, _ = step.compute_loss(outputs, targets)
+        marks.append(sync(device))
+        step.scaler.scale(loss).backward()
+        marks.append(sync(device))
+        step.scaler.unscale_(step.optimizer)
+        torch.nn.utils.clip_grad_norm_(step.model.parameters(), max_norm=step.max_grad_norm)
+        step.scaler.step(step.optimizer)
+        step.scaler.update()
+        step.optimizer.zero_grad()
+        marks.append(sync(device))
+        step.ema.update(step.model)
+        marks.append(sync(device))
+        for name, t0, t1 in zip(parts, marks, marks[1:]):
+            parts[name] += (t1 - t0) * 1000
+    return {name: ms / repeats for name, ms in parts.items()}
+
+
+def train_loader(opt, train_dir: Path, hyp, rank: int = -1):
     loader, _ = create_dataloader(
-        train_dir, opt.imgsz, opt.batch, 32, hyp=hyp, augment=True, workers=opt.workers, shuffle=True
+        train_dir, opt.imgsz, opt.batch, 32, hyp=hyp, augment=True, workers=opt.workers, shuffle=True, rank=rank
     )
-    batches, taken, start = iter(loader), 0, None
+    return loader
+
+
+def loader_alone(opt, train_dir: Path, hyp, device: torch.device) -> float:
+    """(3) img/s of the training loader and the prefetcher's copy to the device, mosaic on, nothing else."""
+    loader = train_loader(opt, train_dir, hyp)
+    channels_last = use_channels_last(device)
+    taken, start, epoch = 0, None, 0
     wanted = opt.warmup + opt.steps
-    epoch = 0
     while taken < wanted:
-        try:
-            next(batches)
-        except StopIteration:
-            epoch += 1
-            loader.set_epoch(epoch)
-            batches = iter(loader)
-            continue
-        taken += 1
-        if taken == min(opt.warmup, wanted - 1):
-            start = time.perf_counter()
-    if start is None:
-        start = time.perf_counter()
+        loader.set_epoch(epoch) if hasattr(loader, "set_epoch") else None
+        for _ in DevicePrefetcher(loader, device, channels_last):
+            taken += 1
+            if taken == min(opt.warmup, wanted - 1):
+                start = sync(device)
+            if taken >= wanted:
+                break
+        epoch += 1
+    start = start if start is not None else time.perf_counter()
     timed = taken - min(opt.warmup, wanted - 1)
-    rate = opt.batch * timed / max(time.perf_counter() - start, 1e-9)
+    rate = opt.batch * timed / max(sync(device) - start, 1e-9)
     close = getattr(loader, "close", None)
     if close:
         close()
     return rate
+
+
+def epochs_for(opt, nb: int) -> int:
+    return max(2, round(opt.steps / max(nb, 1)) + 1)
+
+
+def loop(opt, device: torch.device, train_dir: Path, hyp, distributed: bool = False) -> dict:
+    """(4)/(5) train_one_epoch over the prefetched loader, as train.py runs it; the epochs after the first."""
+    rank = du.dist_info().local_rank if distributed else -1
+    loader = train_loader(opt, train_dir, hyp, rank)
+    nb = len(loader)
+    step = build(opt, device, hyp, nb, distributed)
+    epochs, speeds = epochs_for(opt, nb), []
+    with PreemptionHandler() as preemption:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch) if hasattr(loader, "set_epoch") else None
+            batches = DevicePrefetcher(loader, device, step.channels_last)
+            stats = train_one_epoch(step, batches, epoch, device, nb=nb, epochs=epochs, preemption=preemption)
+            speeds.append(stats.speed(du.get_world_size()))
+    close = getattr(loader, "close", None)
+    if close:
+        close()
+    steady = [tuple(map(float, SPEED.search(s).groups())) for s in speeds[1:]]
+    return {
+        "epochs": epochs,
+        "steps": epochs * nb,
+        "per_epoch": speeds,
+        "img_s": sum(r for r, _ in steady) / len(steady),
+        "data_wait_share": sum(w for _, w in steady) / len(steady) / 100,
+    }
+
+
+def ddp_loop(opt, data_yaml: Path) -> dict:
+    """(5) the loop under ``torchrun --nproc_per_node 1``: this script again, as its worker."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+        "--master_port", str(port), str(Path(__file__).resolve()), "--ddp-worker", str(data_yaml),
+        *("--model", opt.model, "--imgsz", str(opt.imgsz), "--batch", str(opt.batch), "--steps", str(opt.steps)),
+        *("--warmup", str(opt.warmup), "--workers", str(opt.workers), "--device", opt.device or "0"),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("DDP_RESULT ")]
+    if done.returncode != 0 or not lines:
+        return {"error": f"torchrun exited {done.returncode}: {(done.stdout + done.stderr).strip().splitlines()[-3:]}"}
+    return json.loads(lines[-1].removeprefix("DDP_RESULT "))
+
+
+def ddp_worker(opt) -> None:
+    device = pick_device(opt.device)
+    du.init_distributed(device=device)
+    hyp = load_hyp("hyp.scratch-low.yaml")
+    train_dir = Path(opt.ddp_worker).parent / "shapes" / "images" / "train"
+    result = loop(opt, device, train_dir, hyp, distributed=True)
+    result["backend"] = torch.distributed.get_backend()
+    print("DDP_RESULT " + json.dumps(result), flush=True)
+    du.cleanup()
 
 
 def parse_train_log(text: str) -> list[dict]:
@@ -240,45 +342,70 @@ def make_data(root: Path, n_images: int, imgsz: int) -> Path:
 
 
 def report(opt, device, figures: dict) -> None:
-    step_rate, loader_rate = figures["step_img_s"], figures["loader_img_s"]
-    parts = figures["step_parts_ms"]
-    tail = parts["loss"] + parts["optimizer"] + parts["ema"]
-    figures["tail_share"] = tail / max(sum(parts.values()), 1e-9)
-    train = figures.get("train", {})
-    bound = min(step_rate, loader_rate)
-    if "img_s" in train:
-        figures["train_over_bound"] = train["img_s"] / bound
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"\n{opt.model} {opt.imgsz}px batch {opt.batch} on {name} ({opt.steps} steps, workers {opt.workers})\n")
-    print("| measured | img/s |\n|---|---|")
-    print(f"| (1) model only, forward + backward | {figures['model_img_s']:.1f} |")
-    print(f"| (2) full step on random tensors | {step_rate:.1f} |")
-    print(f"| (3) loader alone | {loader_rate:.1f} |")
-    print(f"| (4) train.py, steady state | {train.get('img_s', float('nan')):.1f} |")
-    print(f"\n(4) / min((2), (3)) = {figures.get('train_over_bound', float('nan')):.2f}")
-    print(f"(4) share of step time waiting for data: {train.get('data_wait_share', float('nan')):.1%}")
-    print(
-        "(2) per step, ms: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()) + f"; ComputeLoss + optimizer + "
-        f"EMA = {figures['tail_share']:.1%} of the step (instrumented: waits between parts)"
+    print("| measured | img/s | data wait |\n|---|---|---|")
+    rows = [
+        ("(1) model only, forward + backward", figures.get("model_img_s"), None),
+        ("(2) TrainStep on one batch", figures.get("step_img_s"), None),
+        ("(3) loader + DevicePrefetcher alone", figures.get("loader_img_s"), None),
+    ]
+    for key, label in (("loop", "(4) train_one_epoch, steady state"), ("ddp", "(5) the same under torchrun, DDP")):
+        rows.append((label, figures.get(key, {}).get("img_s"), figures.get(key, {}).get("data_wait_share")))
+    rows.append(
+        (
+            "(6) train.py, steady state",
+            figures.get("train", {}).get("img_s"),
+            figures.get("train", {}).get("data_wait_share"),
+        )
     )
-    if "error" in train:
-        print(f"(4) failed: {train['error']}")
-    elif train:
-        print(f"(4) parsed from train.py's log: {train.get('parsed')}")
+    for label, rate, wait in rows:
+        if rate is not None:
+            print(f"| {label} | {rate:.1f} | {'' if wait is None else f'{wait:.1%}'} |")
+    if "step_img_s" in figures and "loader_img_s" in figures:
+        bound = min(figures["step_img_s"], figures["loader_img_s"])
+        for key in ("loop", "ddp", "train"):
+            if "img_s" in figures.get(key, {}):
+                figures[f"{key}_over_bound"] = figures[key]["img_s"] / bound
+                print(f"({key}) / min((2), (3)) = {figures[f'{key}_over_bound']:.2f}")
+    parts = figures.get("step_parts_ms")
+    if parts:
+        figures["outside_model_share"] = (parts["loss"] + parts["optimizer"] + parts["ema"]) / max(
+            sum(parts.values()), 1e-9
+        )
+        print(
+            "(2) per step, ms: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+            + f"; loss + optimizer + EMA = {figures['outside_model_share']:.1%} of the step (a sync after each part)"
+        )
+    for key in ("ddp", "train"):
+        if "error" in figures.get(key, {}):
+            print(f"({key}) failed: {figures[key]['error']}")
     print("RESULT " + json.dumps(figures, default=str))
 
 
 def main(argv: list[str] | None = None) -> dict:
     opt = parse_opt(argv)
+    if opt.ddp_worker:
+        ddp_worker(opt)
+        return {}
     device = pick_device(opt.device)
     hyp = load_hyp("hyp.scratch-low.yaml")
-    figures: dict = {"device": str(device)}
-    figures["model_img_s"] = model_only(opt, device, hyp)
-    figures["step_img_s"], figures["step_parts_ms"] = full_step(opt, device, hyp)
+    figures: dict = {"device": str(device), "quick": opt.quick}
+    if "model" in opt.modes:
+        figures["model_img_s"] = model_only(opt, device, hyp)
+    if "step" in opt.modes:
+        figures["step_img_s"], figures["step_parts_ms"] = full_step(opt, device, hyp)
     with tempfile.TemporaryDirectory(prefix="gpu_step_") as tmp:
         data_yaml = make_data(Path(tmp), opt.images, opt.imgsz)
-        figures["loader_img_s"] = loader_alone(opt, Path(tmp) / "shapes" / "images" / "train", hyp)
-        if not opt.skip_train:
+        train_dir = Path(tmp) / "shapes" / "images" / "train"
+        if "loader" in opt.modes:
+            figures["loader_img_s"] = loader_alone(opt, train_dir, hyp, device)
+        if "loop" in opt.modes:
+            figures["loop"] = loop(opt, device, train_dir, hyp)
+        if "ddp" in opt.modes:
+            figures["ddp"] = ddp_loop(opt, data_yaml)
+        if opt.train_py:
             figures["train"] = train_script(opt, data_yaml, opt.images, Path(tmp))
     report(opt, device, figures)
     return figures

@@ -28,7 +28,7 @@ from .distributed import (
 )
 from .log import LOGGER, set_logging
 from .profiling import FlopsReport, flops, format_table, model_info, profile
-from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, seed_worker, worker_seed
+from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, seed_worker, set_cudnn_mode, worker_seed
 from .yolo import ComputeLoss, Model, evaluate, fitness, non_max_suppression, scale_boxes
 
 __version__ = "0.1.0"
@@ -63,6 +63,7 @@ __all__ = [
     "init_distributed",
     "init_seeds",
     "init_torch_seeds",
+    "set_cudnn_mode",
     "is_dist_initialized",
     "is_main_process",
     "load_hyp",

@@ -17,30 +17,31 @@ from .distributed import dist_info
 
 
 def init_torch_seeds(seed: int = 0, deterministic: bool = False) -> None:
-    """Seed torch and set cuDNN the way YOLOv5 users expect.
+    """Seed torch and set cuDNN from the seed, as YOLOv5's ``init_torch_seeds(seed)`` does.
 
     ``seed == 0`` makes cuDNN deterministic (slower, reproducible); any other seed
     lets cuDNN benchmark its kernels (faster). ``deterministic=True`` also turns on
-    torch's deterministic algorithms, warning where an op has none.
+    torch's deterministic algorithms, warning where an op has none. A training script
+    whose ranks seed differently should use :func:`init_seeds` and :func:`set_cudnn_mode`,
+    so that every rank runs cuDNN the same way.
 
     Examples:
         >>> init_torch_seeds(0)
         >>> a = torch.rand(2); init_torch_seeds(0); bool((a == torch.rand(2)).all())
         True
     """
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
-    reproducible = deterministic or seed == 0
-    torch.backends.cudnn.benchmark = not reproducible
-    torch.backends.cudnn.deterministic = reproducible
+    _seed_torch(seed)
+    set_cudnn_mode(deterministic or seed == 0)
     if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        # cuBLAS needs a fixed workspace to be deterministic; it reads this at first use
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        _deterministic_algorithms()
 
 
 def init_seeds(seed: int = 0, deterministic: bool = False) -> None:
-    """Seed Python's ``random``, NumPy's global generator and torch.
+    """Seed Python's ``random``, NumPy's global generator and torch, as YOLOv5's ``init_seeds`` does.
+
+    The seed does not touch ``cudnn.benchmark`` (YOLOv5 leaves it alone too); ``deterministic=True``
+    makes cuDNN deterministic and turns on torch's deterministic algorithms (warning where an op
+    has none). So a rank-dependent seed gives every rank the same cuDNN mode.
 
     Examples:
         >>> init_seeds(1); a = np.random.rand(); init_seeds(1); a == np.random.rand()
@@ -49,7 +50,37 @@ def init_seeds(seed: int = 0, deterministic: bool = False) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     os.environ["PYTHONHASHSEED"] = str(seed)  # for subprocesses; this one's hash seed is fixed
-    init_torch_seeds(seed, deterministic)
+    _seed_torch(seed)
+    if deterministic:
+        torch.backends.cudnn.deterministic = True
+        _deterministic_algorithms()
+
+
+def set_cudnn_mode(deterministic: bool) -> None:
+    """cuDNN deterministic and un-tuned (``deterministic``), or autotuned (``benchmark``) and free.
+
+    A training script calls it with its ``--deterministic`` flag alone, on every rank, so that
+    all ranks run at the same pace (a DDP job waits for its slowest rank).
+
+    Examples:
+        >>> set_cudnn_mode(False); torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+        (True, False)
+        >>> set_cudnn_mode(True); torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+        (False, True)
+    """
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic
+
+
+def _seed_torch(seed: int) -> None:
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def _deterministic_algorithms() -> None:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    # cuBLAS needs a fixed workspace to be deterministic; it reads this at first use
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def rank_seed(seed: int, rank: int | None = None) -> int:

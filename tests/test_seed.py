@@ -82,3 +82,34 @@ def test_real_workers_draw_differently_per_rank_worker_epoch(monkeypatch):
     streams = [tuple(v[i::2]) for v in draws.values() for i in range(2)]
     assert len(set(streams)) == 8
     assert _worker_draws(1, 1, monkeypatch) == draws[(1, 1)]  # and reproducible
+
+
+def test_init_seeds_leaves_cudnn_to_the_deterministic_flag_on_every_rank():
+    try:
+        for rank in (-1, 0, 1, 3):  # train.py seeds each rank with rank_seed(seed, rank): 0 on rank 0
+            du.set_cudnn_mode(False)
+            du.init_seeds(du.rank_seed(0, rank))
+            assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic, rank
+            du.set_cudnn_mode(True)
+            du.init_seeds(du.rank_seed(5, rank))
+            assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark, rank
+        du.set_cudnn_mode(False)
+        du.init_seeds(0, deterministic=True)  # YOLOv5's init_seeds: deterministic sets cuDNN deterministic
+        assert torch.backends.cudnn.deterministic
+    finally:
+        torch.use_deterministic_algorithms(False)
+        du.init_torch_seeds(0)
+
+
+def test_autobatch_measures_with_benchmark_off_and_puts_it_back(monkeypatch):
+    import importlib
+
+    autobatch_module = importlib.import_module("ddp_utils.engine.autobatch")  # the module, not the function
+    seen = []
+    monkeypatch.setattr(autobatch_module, "autobatch", lambda *a, **k: seen.append(torch.backends.cudnn.benchmark) or 8)
+    try:
+        du.set_cudnn_mode(False)
+        assert autobatch_module.check_train_batch_size(torch.nn.Conv2d(3, 4, 3), imgsz=32) == 8
+        assert seen == [False] and torch.backends.cudnn.benchmark
+    finally:
+        du.init_torch_seeds(0)

@@ -33,7 +33,7 @@ from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
 from .loader import EpochLoader, create_dataloader, create_val_dataloader
-from .prefetch import DevicePrefetcher, to_device_batch
+from .prefetch import DevicePrefetcher, images_to_float, to_device_batch
 from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
 from .synthetic import generate, make_shapes_dataset
 
@@ -57,6 +57,7 @@ __all__ = [
     "find_images",
     "generate",
     "hyp_value",
+    "images_to_float",
     "img2label_paths",
     "label_cache_path",
     "labels_to_class_weights",

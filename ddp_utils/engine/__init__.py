@@ -12,7 +12,7 @@ What lives where:
 - ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> save and stop).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
-- ``memory_format.py``: channels_last on CUDA.
+- ``memory_format.py``: channels_last on CUDA; ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
 
 Writers act on the main process only and return at once elsewhere, so every call can run on
 every rank, except ``increment_path`` (rank 0, then broadcast the directory). ``train.py`` shows
@@ -58,6 +58,7 @@ from .plots import class_color, plot_images, plot_labels, plot_results
 from .resume import latest_checkpoint, restore_training
 from .signals import PreemptionHandler
 from .strip import strip_optimizer
+from .wrap import wrap_model
 
 __all__ = [
     "AMP_DTYPES",
@@ -72,6 +73,7 @@ __all__ = [
     "to_channels_last",
     "train_one_epoch",
     "use_channels_last",
+    "wrap_model",
     "CHECKPOINT_KEYS",
     "NBS",
     "OPTIMIZERS",

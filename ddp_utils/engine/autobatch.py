@@ -126,8 +126,17 @@ def check_train_batch_size(
 ) -> int:
     """YOLOv5's name for :func:`autobatch` on a training-mode model (``train.py --batch-size -1``).
 
+    :func:`autobatch` needs ``cudnn.benchmark`` off (autotuning would measure the tuner's
+    workspaces); this turns it off for the measurement and puts it back, so a run that trains
+    with benchmark on still gets its batch size measured.
+
     Examples:
         >>> check_train_batch_size(torch.nn.Conv2d(3, 8, 3), imgsz=32)  # on CPU: the default
         16
     """
-    return autobatch(model, imgsz, fraction=fraction, batch_size=batch_size, amp=amp)
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        return autobatch(model, imgsz, fraction=fraction, batch_size=batch_size, amp=amp)
+    finally:
+        torch.backends.cudnn.benchmark = benchmark

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,9 @@ class ModelEMA:
         (1, False, False)
     """
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pairs": None}  # a copy pairs afresh with its own tensors
+
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"ModelEMA decay={decay}: must be in [0, 1)")
@@ -50,6 +54,7 @@ class ModelEMA:
         for p in self.ema.parameters():
             p.requires_grad_(False)
         self.updates = int(updates)
+        self._pairs: _Pairs | None = None
         self.decay_max = float(decay)
         self.tau = float(tau)
 
@@ -71,38 +76,29 @@ class ModelEMA:
         The floating-point entries are averaged by two multi-tensor kernels
         (``torch._foreach_mul_`` and ``torch._foreach_add_``: the same arithmetic, in the same
         order, as one ``mul_``/``add_`` per tensor, hence the same numbers), integer buffers are
-        copied. Nothing here waits for the device: the decay is a host float from the counter.
+        copied by one ``torch._foreach_copy_``. The model's tensors are paired with the EMA's once
+        (by state-dict name) and the pairing is only checked afterwards (an identity test per
+        entry), so an update costs no ``state_dict()``. Nothing here waits for the device: the
+        decay is a host float from the counter.
         """
         self.updates += 1
         d = self.decay()
-        ema_float, source_float, ema_other, source_other = self._paired_state(de_parallel(model))
-        if ema_float:
-            torch._foreach_mul_(ema_float, d)
-            torch._foreach_add_(ema_float, source_float, alpha=1.0 - d)
-        for value, source in zip(ema_other, source_other):
-            value.copy_(source)
+        pairs = self._pairs_for(de_parallel(model))
+        if pairs.ema_float:
+            source = pairs.source_float
+            if pairs.cast:  # a half model: its values in the EMA's dtype and device
+                source = [s.to(e.device, e.dtype) for s, e in zip(source, pairs.ema_float)]
+            torch._foreach_mul_(pairs.ema_float, d)
+            torch._foreach_add_(pairs.ema_float, source, alpha=1.0 - d)
+        if pairs.ema_other:
+            torch._foreach_copy_(pairs.ema_other, pairs.source_other)
 
-    def _paired_state(self, model: nn.Module) -> tuple[list, list, list, list]:
-        """The EMA's entries and the model's matching ones, split into floating-point and other."""
-        current = model.state_dict()
-        ema_float, source_float, ema_other, source_other = [], [], [], []
-        for name, value in self.ema.state_dict().items():
-            if name not in current:
-                raise KeyError(f"ModelEMA.update: the model has no entry {name!r}; was its architecture changed?")
-            source = current[name].detach()
-            if source.shape != value.shape:
-                raise ValueError(
-                    f"ModelEMA.update: {name!r} has shape {tuple(source.shape)} in the model but "
-                    f"{tuple(value.shape)} in the EMA; was its architecture changed?"
-                )
-            if value.is_floating_point():
-                ema_float.append(value)
-                # a no-op for an fp32 model on the EMA's device; a cast for a half model
-                source_float.append(source.to(value.device, value.dtype))
-            else:
-                ema_other.append(value)
-                source_other.append(source)
-        return ema_float, source_float, ema_other, source_other
+    def _pairs_for(self, model: nn.Module) -> _Pairs:
+        """The pairing of ``model``'s entries with the EMA's, made at the first update and when they changed."""
+        pairs = self._pairs
+        if pairs is None or pairs.model is not model or not pairs.current():
+            pairs = self._pairs = _pair_state(self.ema, model)
+        return pairs
 
     @torch.no_grad()
     def sync(self, src: int = 0) -> None:
@@ -144,3 +140,59 @@ class ModelEMA:
             if name == "training":
                 continue
             setattr(self.ema, name, value)
+
+
+def _state_entries(module: nn.Module, prefix: str = "") -> Iterator[tuple[dict, str, str]]:
+    """``(owner dict, key, state-dict name)`` of every entry ``module.state_dict()`` would list, in its order."""
+    for key, param in module._parameters.items():
+        if param is not None:
+            yield module._parameters, key, prefix + key
+    for key, buf in module._buffers.items():
+        if buf is not None and key not in module._non_persistent_buffers_set:
+            yield module._buffers, key, prefix + key
+    for key, child in module._modules.items():
+        if child is not None:
+            yield from _state_entries(child, f"{prefix}{key}.")
+
+
+@dataclass
+class _Pairs:
+    """The EMA's tensors and the model's matching ones, split into floating-point and other."""
+
+    model: nn.Module
+    ema_float: list[torch.Tensor] = field(default_factory=list)
+    source_float: list[torch.Tensor] = field(default_factory=list)
+    ema_other: list[torch.Tensor] = field(default_factory=list)
+    source_other: list[torch.Tensor] = field(default_factory=list)
+    cast: bool = False
+    entries: list[tuple[dict, str, torch.Tensor]] = field(default_factory=list)
+
+    def current(self) -> bool:
+        """True while every paired tensor is still the one its module holds (``.to()`` replaces buffers)."""
+        return all(owner.get(key) is tensor for owner, key, tensor in self.entries)
+
+
+def _pair_state(ema: nn.Module, model: nn.Module) -> _Pairs:
+    """Pair the EMA's state entries with ``model``'s by name, checking names and shapes."""
+    current = {name: (owner, key) for owner, key, name in _state_entries(model)}
+    pairs = _Pairs(model)
+    for ema_owner, ema_key, name in _state_entries(ema):
+        value = ema_owner[ema_key]
+        if name not in current:
+            raise KeyError(f"ModelEMA.update: the model has no entry {name!r}; was its architecture changed?")
+        owner, key = current[name]
+        source = owner[key]
+        if source.shape != value.shape:
+            raise ValueError(
+                f"ModelEMA.update: {name!r} has shape {tuple(source.shape)} in the model but "
+                f"{tuple(value.shape)} in the EMA; was its architecture changed?"
+            )
+        pairs.entries += [(owner, key, source), (ema_owner, ema_key, value)]
+        if value.is_floating_point():
+            pairs.ema_float.append(value.detach())
+            pairs.source_float.append(source.detach())
+            pairs.cast = pairs.cast or source.dtype != value.dtype or source.device != value.device
+        else:
+            pairs.ema_other.append(value)
+            pairs.source_other.append(source)
+    return pairs

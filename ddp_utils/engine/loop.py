@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..data.multiscale import multi_scale_resize
+from ..data.prefetch import images_to_float
 from ..distributed.parallel import de_parallel
 from ..progress import progress, progress_mode
 from .amp import AMP_DTYPES
@@ -100,10 +101,7 @@ class TrainStep:
         A uint8 batch is moved and scaled; one a :class:`~ddp_utils.data.DevicePrefetcher` already
         moved and scaled on its side stream passes through.
         """
-        imgs = imgs.to(device, non_blocking=True)
-        if not imgs.is_floating_point():
-            imgs = imgs.float() / 255
-        return imgs.contiguous(memory_format=torch.channels_last) if self.channels_last else imgs
+        return images_to_float(imgs.to(device, non_blocking=True), self.channels_last)
 
     def __call__(self, imgs: torch.Tensor, targets: torch.Tensor, ni: int, epoch: int) -> torch.Tensor:
         """Forward, backward and, when due, the optimizer step; returns the loss items (on the device)."""

@@ -53,9 +53,21 @@ def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 
 def smart_optimizer(
-    model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937, decay: float = 1e-5
+    model: nn.Module,
+    name: str = "SGD",
+    lr: float = 0.01,
+    momentum: float = 0.937,
+    decay: float = 1e-5,
+    *,
+    fused: bool | None = None,
 ) -> torch.optim.Optimizer:
     """Build an optimizer with three parameter groups: biases, decayed weights, norm weights.
+
+    A fused optimizer updates every parameter in a few kernels and takes the GradScaler's
+    scale and inf flag as device tensors (a non-fused one reads the flag back: a host wait per
+    step with fp16). The choice survives ``load_state_dict`` of a checkpoint saved by another
+    kind (whose groups carry their own ``fused``/``foreach`` values): a post-load hook puts this
+    optimizer's back.
 
     Args:
         model: the model (wrappers are fine: their parameters are the model's).
@@ -63,6 +75,8 @@ def smart_optimizer(
         lr: initial learning rate (hyp lr0).
         momentum: SGD momentum, or Adam's beta1.
         decay: weight decay of the "weight" group (scale it with :func:`scaled_weight_decay`).
+        fused: use the fused implementation; None (automatic): when the parameters are on CUDA
+            (on the CPU the default multi-tensor one keeps the numbers of earlier runs).
 
     Returns:
         The optimizer; each group has a "name" key ("bias", "weight", "norm").
@@ -79,20 +93,37 @@ def smart_optimizer(
     choice = {o.lower(): o for o in OPTIMIZERS}.get(str(name).lower())
     if choice is None:
         raise ValueError(f"optimizer {name!r} is not supported: choose one of {', '.join(OPTIMIZERS)}")
+    if fused is None:
+        fused = any(p.is_cuda for params in groups.values() for p in params)
+    first = [{"params": groups["bias"], "name": "bias"}]
     if choice == "SGD":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            [{"params": groups["bias"], "name": "bias"}], lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0
+            first, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0, fused=fused or None
         )
     else:
         cls = torch.optim.Adam if choice == "Adam" else torch.optim.AdamW
-        optimizer = cls([{"params": groups["bias"], "name": "bias"}], lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+        optimizer = cls(first, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=fused or None)
+    optimizer.register_load_state_dict_post_hook(_keep_implementation)
     optimizer.add_param_group({"params": groups["weight"], "weight_decay": decay, "name": "weight"})
     optimizer.add_param_group({"params": groups["norm"], "weight_decay": 0.0, "name": "norm"})
     LOGGER.info(
-        f"optimizer: {choice}(lr={lr}) with parameter groups {len(groups['norm'])} norm weights (no decay), "
+        f"optimizer: {choice}(lr={lr}{', fused=True' * bool(fused)}) with parameter groups "
+        f"{len(groups['norm'])} norm weights (no decay), "
         f"{len(groups['weight'])} weights (decay={decay}), {len(groups['bias'])} biases (no decay)"
     )
     return optimizer
+
+
+def _keep_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """After ``load_state_dict``: each group's ``fused``/``foreach`` back to what the optimizer was built with.
+
+    A state dict carries these per group, so a checkpoint from a non-fused run would otherwise
+    turn a fused optimizer into a non-fused one (and a fused CUDA one into a CPU run's).
+    """
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
 
 
 @dataclass

@@ -3,8 +3,8 @@
 Killed in the middle of a step, a run loses everything since its last checkpoint. With
 :class:`PreemptionHandler` the signal only sets a flag; the train loop checks it once a
 step, every rank agrees on it with :meth:`PreemptionHandler.requested_anywhere` (a blocking
-all-reduce) or, inside a GPU loop that must not wait, :meth:`PreemptionHandler.poll` (the
-all-reduce of one step read at the next), rank 0 saves ``last.pt`` and all ranks leave the
+all-reduce) or, inside a GPU loop that must not wait, :meth:`PreemptionHandler.poll` (a host-side
+gloo all-reduce of one step read at the next), rank 0 saves ``last.pt`` and all ranks leave the
 loop together and exit cleanly.
 
 A second delivery of the same signal gives it back its previous behaviour (for SIGTERM
@@ -33,10 +33,11 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..distributed import any_rank, collective_device, dist_info, is_dist_initialized, slurm_job_id
+from ..distributed import any_rank, dist_info, is_dist_initialized, slurm_job_id
 from ..log import LOGGER
 
 
@@ -71,7 +72,8 @@ class PreemptionHandler:
         self._received_at = 0.0
         self.requeue = False
         self._previous: dict[int, Any] = {}
-        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._pending: tuple[Any, np.ndarray] | None = None
+        self._group: Any = None
 
     def __enter__(self) -> PreemptionHandler:
         if threading.current_thread() is not threading.main_thread():
@@ -142,9 +144,10 @@ class PreemptionHandler:
         result of the one the previous call started, which has had a whole step to finish.
         So the step never waits on the network, every rank sees a signal at the same call
         (one step after the first rank noticed it), and a SIGTERM stops the loop within two
-        steps. On CUDA (NCCL) reading the result waits for the GPU to finish the previous
-        step only, while this step's kernels are already queued. Without a process group
-        this is :meth:`requested`, at once.
+        steps. The flag never touches a GPU: it is a host tensor reduced over gloo (the default
+        group when that is gloo, else a gloo group made at the first call), read from the
+        host memory it shares with a NumPy array, so nothing here waits for the device.
+        Without a process group this is :meth:`requested`, at once.
 
         Examples:
             >>> with PreemptionHandler() as preempt:
@@ -155,18 +158,27 @@ class PreemptionHandler:
         if not is_dist_initialized():
             return self.requested()
         earlier = self._settle()
-        flag = torch.full((1,), 1.0 if self.requested() else 0.0, device=collective_device())
-        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        host = np.array([1.0 if self.requested() else 0.0], dtype=np.float32)
+        flag = torch.from_numpy(host)  # shares host's memory: the result is read without a tensor op
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group(), async_op=True)
+        self._pending = (work, host)
         return earlier
+
+    def _host_group(self) -> Any:
+        """A gloo process group for the flag: the default one if it is gloo, else one made once (collective)."""
+        if self._group is None:
+            gloo = dist.get_backend() == dist.Backend.GLOO
+            self._group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
+        return self._group
 
     def _settle(self) -> bool:
         """Finish the all-reduce that :meth:`poll` started, if any, and return its answer."""
         if self._pending is None:
             return False
-        work, flag = self._pending
+        work, host = self._pending
         self._pending = None
-        work.wait()
-        return bool(flag.item() > 0)  # CPU-GPU sync point (NCCL): the previous step's result
+        work.wait()  # a host-side gloo reduction that had a whole step to finish; no GPU involved
+        return bool(host[0] > 0)
 
 
 def requeue_signal(name: str | None = None, environ: Mapping[str, str] | None = None) -> signal.Signals | None:

@@ -9,20 +9,22 @@ On a GPU the loss never waits for the device: instead of selecting the matched
 (target, anchor, cell) candidates with a boolean mask (whose size the host would have to
 read back), every candidate of a level keeps its slot and a 0/1 weight says whether it
 counts, so every shape is known on the host from the number of targets alone. Off the
-GPU the matched candidates are still selected (no wait to avoid there, less arithmetic),
-which computes bit-for-bit what the selecting loss always did.
+GPU the matched candidates are still selected (no wait to avoid there, less arithmetic).
+
+The three levels are computed together (one assignment, one CIoU, one objectness scatter),
+since on a GPU every op is a kernel launch, and the box term is a CIoU written without a
+boolean mask (:func:`ciou_loss`), in float32 under any autocast.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import complete_box_iou_loss
 
-from ..boxes import xywh2xyxy
 from ..distributed.collectives import reduce_tensor
 from ..distributed.group import get_world_size
 from .head import detection_head
@@ -107,6 +109,47 @@ class LevelTargets(NamedTuple):
     valid: torch.Tensor | None  # [N] bool; None when only the matched ones were kept
 
 
+class _Candidates(NamedTuple):
+    """The candidates of all levels at once, ``[nl, N]`` leading (N = 5 neighbours x na x targets)."""
+
+    cls: torch.Tensor  # [nl, N] long
+    box: torch.Tensor  # [nl, N, 4] centre offset within the cell, w, h (grid units)
+    image: torch.Tensor  # [nl, N] long
+    anchor: torch.Tensor  # [nl, N] long
+    gy: torch.Tensor  # [nl, N] long
+    gx: torch.Tensor  # [nl, N] long
+    cell: torch.Tensor  # [nl, N] long: the candidate's row in its level's predictions viewed as [-1, no]
+    anchors: torch.Tensor  # [nl, N, 2] the candidate's anchor shape (grid units)
+    valid: torch.Tensor  # [nl, N] bool
+
+
+def ciou_loss(pxy: torch.Tensor, pwh: torch.Tensor, txy: torch.Tensor, twh: torch.Tensor, eps: float = 1e-7):
+    """``1 - CIoU`` of boxes given as centres and sizes (``[..., 2]`` each), without a mask: no host wait.
+
+    The complete IoU (Zheng et al., 2020) subtracts from the IoU the squared centre distance over
+    the squared diagonal of the smallest enclosing box, and an aspect-ratio term whose weight
+    ``alpha`` carries no gradient. The intersection is clamped at 0, so boxes that do not meet
+    need no boolean selection (which on a GPU would wait for the host).
+
+    Examples:
+        >>> xy, wh = torch.tensor([[1.0, 1.0]]), torch.tensor([[2.0, 2.0]])
+        >>> float(ciou_loss(xy, wh, xy, wh)) < 1e-6, round(float(ciou_loss(xy, wh, xy + 4, wh)), 3)
+        (True, 1.444)
+    """
+    p_half, t_half = pwh * 0.5, twh * 0.5
+    p_lo, p_hi, t_lo, t_hi = pxy - p_half, pxy + p_half, txy - t_half, txy + t_half
+    inter = (torch.minimum(p_hi, t_hi) - torch.maximum(p_lo, t_lo)).clamp(min=0).prod(-1)
+    union = pwh.prod(-1) + twh.prod(-1) - inter
+    iou = inter / (union + eps)
+    hull = torch.maximum(p_hi, t_hi) - torch.minimum(p_lo, t_lo)
+    distance = (pxy - txy).pow(2).sum(-1) / (hull.pow(2).sum(-1) + eps)
+    angles = torch.atan(torch.stack((twh[..., 0], pwh[..., 0]), -1) / torch.stack((twh[..., 1], pwh[..., 1]), -1))
+    v = (4 / math.pi**2) * (angles[..., 0] - angles[..., 1]).pow(2)
+    with torch.no_grad():
+        alpha = v / (1 - iou + v + eps)
+    return 1 - iou + distance + alpha * v
+
+
 def _resolve_hyp(model: nn.Module, hyp: dict | None) -> dict:
     """``hyp`` itself, or YOLOv5's way: the dict its train.py stores as ``model.hyp``."""
     if hyp is not None:
@@ -134,17 +177,16 @@ class ComputeLoss:
             its loss, relative to the stride-16 level. Kept on the device (no host wait).
         dense: weight every candidate instead of selecting the matched ones (no host wait;
             about 20 % more arithmetic). None: dense on CUDA, selected elsewhere, where the
-            selection costs no wait and the numbers stay bit-for-bit those of the selecting loss.
-        across_ranks: in a process group, divide each level's box and class sums by the whole
-            group's number of matched candidates (one all-reduce of the counts per training call),
-            not by this rank's, so that N ranks x B images give the gradients of one process
-            with N x B images (YOLOv5 divides by each rank's own count). Only calls with
-            gradients enabled reduce: evaluation, under ``no_grad``, may run a different number
-            of batches on each rank and keeps its own counts.
+            selection costs no wait.
+        across_ranks: in a process group, divide the box and class sums by the whole group's
+            matched candidates (one all-reduce per training call), not this rank's (as YOLOv5 does),
+            so N ranks x B images train as one process with N x B. Calls under ``no_grad``
+            (evaluation, whose batch counts may differ per rank) keep their own counts.
 
     Call it with the training-mode outputs (a list of ``[B, na, ny, nx, 5 + nc]``) and the
     targets ``[n, 6]`` = (image index, class, xc, yc, w, h) normalised to the input size. It
-    returns ``(loss * batch_size, tensor([box, obj, cls]).detach())``.
+    returns ``(loss * batch_size, tensor([box, obj, cls]).detach())``, computed in float32
+    whatever the autocast dtype of the predictions.
 
     Examples:
         >>> from ddp_utils.yolo import Model, load_model_yaml
@@ -204,84 +246,114 @@ class ComputeLoss:
         targets = targets.to(device, non_blocking=True)
         self.bce_cls.to(device)  # pos_weight follows the model if it moved after this loss was made
         self.bce_obj.to(device)
-        loss_box = torch.zeros(1, device=device)
-        loss_obj = torch.zeros(1, device=device)
-        loss_cls = torch.zeros(1, device=device)
-        balance = []
         dense = self.dense if self.dense is not None else device.type == "cuda"
-        assignment = self.dense_targets(preds, targets, select=not dense)
-        counts = self._group_counts(assignment, preds[0].shape[0], device)
-        for level, (pred, assigned) in enumerate(zip(preds, assignment)):
-            box_term, cls_term, obj_target = self._level_terms(pred, assigned, counts[level])
-            loss_box += box_term
-            loss_cls += cls_term
-            obj_loss = self.bce_obj(pred[..., 4], obj_target)
-            loss_obj += obj_loss * self.balance[level]
+        found = self._candidates(preds, targets)
+        nl, n_candidates = found.valid.shape
+        # every level's candidates in one batch: [nl * N] rows (the matched ones only when selecting)
+        picked = torch.stack([p.reshape(-1, p.shape[-1]).index_select(0, c) for p, c in zip(preds, found.cell)])
+        picked, box, anchors = picked.flatten(0, 1).float(), found.box.flatten(0, 1), found.anchors.flatten(0, 1)
+        cls = found.cls.flatten()
+        if dense:
+            weight = found.valid.flatten().float()
+            sizes = None
+            count = found.valid.sum(1).clamp(min=1)  # device scalars: 0 candidates give a 0 loss, not a wait
+        else:
+            rows = found.valid.flatten().nonzero().squeeze(1)  # waits for the host: off the GPU only
+            picked, box, anchors, cls = picked[rows], box[rows], anchors[rows], cls[rows]
+            sizes = found.valid.sum(1).tolist()
+            count = torch.tensor(sizes, device=device).clamp(min=1)
+        if self.across_ranks and torch.is_grad_enabled() and get_world_size() > 1:
+            count = self._group_count(found.valid.sum(1), preds[0].shape[0])
+        pxy = picked[:, :2].sigmoid() * 2 - 0.5
+        pwh = (picked[:, 2:4].sigmoid() * 2) ** 2 * anchors
+        box_loss = ciou_loss(pxy, pwh, box[:, :2], box[:, 2:])
+        loss_box = (_per_level(box_loss, weight if dense else None, sizes, nl) / count).sum()
+        loss_cls = box_loss.new_zeros(())
+        if self.nc > 1:
+            pcls = picked[:, 5:]
+            cls_target = torch.full_like(pcls, self.cls_neg).scatter_(1, cls[:, None], self.cls_pos)
+            per_row = _elementwise(self.bce_cls, pcls, cls_target).sum(1)
+            loss_cls = (_per_level(per_row, weight if dense else None, sizes, nl) / (count * self.nc)).sum()
+        # objectness learns how well its box fits: CIoU, floored at 0; every level's cells in one scatter
+        obj_values = (1.0 - box_loss).detach().clamp(0)
+        obj_targets = self._objectness_targets(preds, found, obj_values, None if dense else rows, n_candidates)
+        loss_obj = box_loss.new_zeros(())
+        balance = []
+        for level, (pred, obj_target) in enumerate(zip(preds, obj_targets)):
+            obj_loss = self.bce_obj(pred[..., 4].float(), obj_target)
+            loss_obj = loss_obj + obj_loss * self.balance[level]
             if self.autobalance:
                 balance.append(self.balance[level] * 0.9999 + 0.0001 / obj_loss.detach())
         if self.autobalance:  # device scalars from now on: reading them back would wait for the GPU
             self.balance = [b / balance[self.ssi] for b in balance]
-        loss_box *= self.hyp["box"]
-        loss_obj *= self.hyp["obj"]
-        loss_cls *= self.hyp["cls"]
-        batch_size = preds[0].shape[0]
-        return (loss_box + loss_obj + loss_cls) * batch_size, torch.cat((loss_box, loss_obj, loss_cls)).detach()
+        items = torch.stack((loss_box * self.hyp["box"], loss_obj * self.hyp["obj"], loss_cls * self.hyp["cls"]))
+        return (items.sum() * preds[0].shape[0]).view(1), items.detach()
 
-    def _group_counts(
-        self, assignment: list[LevelTargets], batch_size: int, device: torch.device
-    ) -> list[torch.Tensor | None]:
-        """Per level, the group's matched candidates x this rank's share of the group's images; None: local means.
+    @staticmethod
+    def _group_count(local: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """Per level, the group's matched candidates x this rank's share of the group's images.
 
-        Dividing this rank's sums by it makes the ranks' losses add up to one process's loss
-        over the whole global batch (DDP's average, times the world size, is that sum).
+        The ranks' losses then add up to one process's over the global batch (DDP averages them).
         """
-        if not (self.across_ranks and torch.is_grad_enabled() and get_world_size() > 1):
-            return [None] * len(assignment)
-        local = [a.cls.new_tensor(a.cls.shape[0]) if a.valid is None else a.valid.sum() for a in assignment]
-        local = torch.stack([*local, local[0].new_tensor(batch_size)]).to(device, torch.float64)
-        total = reduce_tensor(local, op="sum")
-        share = batch_size / total[-1]
-        return list((total[:-1].clamp(min=1) * share).float().unbind(0))  # 0 matched anywhere: the sums are 0
+        counts = torch.cat((local.to(torch.float64), local.new_full((1,), batch_size, dtype=torch.float64)))
+        total = reduce_tensor(counts, op="sum")
+        return (total[:-1].clamp(min=1) * (batch_size / total[-1])).float()  # 0 matched anywhere: the sums are 0
 
-    def _level_terms(
-        self, pred: torch.Tensor, assigned: LevelTargets, group_count: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One level's box and class loss (means over the matched candidates) and its objectness target.
-
-        With ``group_count``, sums divided by it instead of means over this rank's candidates.
-        """
-        cls, box, index, anchors, valid = assigned
-        dense = valid is not None
-        zero = pred.new_zeros((), dtype=torch.float32)
-        if not dense and not cls.shape[0]:
-            return zero, zero, torch.zeros(pred.shape[:4], dtype=pred.dtype, device=pred.device)
-        picked = pred[index]
-        pxy, pwh, _, pcls = picked.split((2, 2, 1, self.nc), 1)
-        pxy = pxy.sigmoid() * 2 - 0.5
-        pwh = (pwh.sigmoid() * 2) ** 2 * anchors
-        ciou_loss = complete_box_iou_loss(xywh2xyxy(torch.cat((pxy, pwh), 1).float()), xywh2xyxy(box), reduction="none")
-        # objectness learns how well its box fits: CIoU, floored at 0
-        obj_values = (1.0 - ciou_loss).detach().clamp(0)
-        if dense:
-            weight = valid.float()
-            count = weight.sum().clamp(min=1) if group_count is None else group_count  # a device scalar: no wait
-            box_term = (ciou_loss * weight).sum() / count
-            obj_target = _scatter_last(pred.shape[:4], index, obj_values, valid).to(pred.dtype)
+    def _objectness_targets(
+        self, preds: list[torch.Tensor], found: _Candidates, values: torch.Tensor, rows: torch.Tensor | None, n: int
+    ) -> list[torch.Tensor]:
+        """Per level a ``[B, na, ny, nx]`` float32 target: 0, or the CIoU of the candidate that wrote the cell."""
+        sizes = [p.shape[:4].numel() for p in preds]
+        offsets = self._constant(values.device, ("offsets", *sizes), torch.tensor([0, *sizes[:-1]]).cumsum(0))
+        flat = (found.cell + offsets[:, None]).flatten()
+        if rows is None:
+            target = _scatter_last(sum(sizes), flat, values, found.valid.flatten())
         else:
-            box_term = ciou_loss.mean() if group_count is None else ciou_loss.sum() / group_count
-            obj_target = torch.zeros(pred.shape[:4], dtype=pred.dtype, device=pred.device)
-            obj_target[index] = obj_values.to(pred.dtype)
-        cls_term = zero
-        if self.nc > 1:
-            cls_target = torch.full_like(pcls, self.cls_neg).scatter_(1, cls[:, None], self.cls_pos)
-            if dense:
-                per_candidate = _elementwise(self.bce_cls, pcls, cls_target).sum(1)
-                cls_term = (per_candidate * weight).sum() / (count * self.nc)
-            elif group_count is None:
-                cls_term = self.bce_cls(pcls, cls_target)
-            else:
-                cls_term = _elementwise(self.bce_cls, pcls, cls_target).sum() / (group_count * self.nc)
-        return box_term, cls_term, obj_target
+            target = _scatter_last(sum(sizes), flat.index_select(0, rows), values, None)
+        return [t.view(p.shape[:4]) for t, p in zip(target.split(sizes), preds)]
+
+    def _candidates(self, preds: list[torch.Tensor], targets: torch.Tensor) -> _Candidates:
+        """Every (neighbour, anchor, target) candidate of every level, computed for all levels at once."""
+        device = targets.device
+        na, nl, n_targets = self.na, self.nl, targets.shape[0]
+        shapes = tuple((p.shape[2], p.shape[3]) for p in preds)
+        gain = self._constant(device, ("gain", shapes), torch.tensor([[1, 1, nx, ny, nx, ny] for ny, nx in shapes]))
+        grid = self._constant(device, ("grid", shapes), torch.tensor(shapes).view(nl, 1, 1, 1, 2))  # ny, nx
+        offsets = self._constant(device, "offsets", (_NEIGHBOURS * 0.5).view(1, 5, 1, 1, 2))
+        t = targets.float()[None, None] * gain[:, None, None].float()  # [nl, 1, n, 6] in grid units
+        anchors = self.detect.anchors.detach().to(device)[:, :, None]  # [nl, na, 1, 2]
+        ratio = t[..., 4:6] / anchors
+        shape_ok = torch.max(ratio, 1 / ratio).amax(-1) < self.anchor_t  # [nl, na, n]
+        xy, wh = t[..., 2:4], t[..., 4:6]  # [nl, 1, n, 2]
+        xy_inv = gain[:, None, None, 2:4] - xy
+        # the neighbour cells on the side the centre leans to (left/up, right/down), inside the grid
+        left, up = ((xy % 1 < 0.5) & (xy > 1)).unbind(-1)
+        right, down = ((xy_inv % 1 < 0.5) & (xy_inv > 1)).unbind(-1)
+        valid = torch.stack((torch.ones_like(left), left, up, right, down), 1) & shape_ok[:, None]  # [nl, 5, na, n]
+        xy = xy[:, None]  # [nl, 1, 1, n, 2]
+        cell = torch.minimum((xy - offsets).long().clamp(min=0), grid.flip(-1) - 1)  # gx, gy: [nl, 5, 1, n, 2]
+        cell = cell.expand(-1, -1, na, -1, -1)
+        gx, gy = cell.unbind(-1)
+        anchor = torch.arange(na, device=device).view(1, 1, na, 1).expand_as(gx)
+        image = targets[:, 0].long().expand_as(gx)
+        box = torch.cat((xy - cell, wh[:, None].expand(-1, 5, na, -1, -1)), -1)
+        matched = anchors[:, None].expand(-1, 5, -1, n_targets, -1)
+        # an unmatched candidate's box becomes its anchor's, centred: a finite CIoU that weighs 0
+        box = torch.where(valid[..., None], box, torch.cat((torch.full_like(matched, 0.5), matched), -1))
+        rows_per_cell = grid[..., 0] * grid[..., 1]  # ny * nx per level: [nl, 1, 1, 1]
+        flat_cell = (image * na + anchor) * rows_per_cell + gy * grid[..., 1] + gx
+        n = 5 * na * n_targets
+        return _Candidates(
+            targets[:, 1].long().expand_as(gx).reshape(nl, n),
+            box.reshape(nl, n, 4),
+            image.reshape(nl, n),
+            anchor.reshape(nl, n),
+            gy.reshape(nl, n),
+            gx.reshape(nl, n),
+            flat_cell.reshape(nl, n),
+            matched.reshape(nl, n, 2),
+            valid.reshape(nl, n),
+        )
 
     def dense_targets(
         self, preds: list[torch.Tensor], targets: torch.Tensor, select: bool = False
@@ -290,42 +362,20 @@ class ComputeLoss:
 
         The candidates are ordered neighbour-major, then anchor, then target: the order of the
         selected ones in :meth:`build_targets`, which decides which target a shared cell keeps.
-        With ``select`` only the valid ones are kept (``valid`` is then None): less arithmetic
-        where reading their number back costs no wait, i.e. off the GPU.
+        With ``select`` only the valid ones are kept (``valid`` is then None): selecting waits
+        for the device.
         """
-        device = targets.device
-        n_targets = targets.shape[0]
-        anchor_index = torch.arange(self.na, device=device, dtype=torch.float32).view(self.na, 1).expand(-1, n_targets)
-        # one copy of every target per anchor: [na, n, 7] = image, class, x, y, w, h, anchor
-        per_anchor = torch.cat((targets.float().expand(self.na, -1, -1), anchor_index[..., None]), 2)
-        offsets = self._constant(device, "offsets", _NEIGHBOURS * 0.5).view(5, 1, 1, 2)
+        found = self._candidates(preds, targets.to(preds[0].device))
         result = []
-        for level, pred in enumerate(preds):
-            ny, nx = pred.shape[2], pred.shape[3]
-            gain = self._constant(device, (nx, ny), torch.tensor([1, 1, nx, ny, nx, ny, 1.0]))
-            t = per_anchor * gain  # to grid units
-            anchors = self.detect.anchors[level].detach().to(device)
-            ratio = t[..., 4:6] / anchors[:, None]
-            shape_ok = torch.max(ratio, 1 / ratio).max(2)[0] < self.anchor_t  # [na, n]
-            xy = t[..., 2:4]
-            xy_inv = gain[2:4] - xy  # a slice: a list index would be a host-to-device copy
-            # the neighbour cells on the side the centre leans to (left/up, right/down), inside the grid
-            left, up = ((xy % 1 < 0.5) & (xy > 1)).unbind(-1)
-            right, down = ((xy_inv % 1 < 0.5) & (xy_inv > 1)).unbind(-1)
-            valid = (torch.stack((torch.ones_like(left), left, up, right, down)) & shape_ok).reshape(-1)
-            t = t.expand(5, -1, -1, -1).reshape(-1, 7)
-            shift = (xy.new_zeros(1, self.na, n_targets, 2) + offsets).reshape(-1, 2)
+        for level in range(self.nl):
+            cls, box, image, anchor, gy, gx, _, anchors, valid = (v[level] for v in found)
+            level_targets = LevelTargets(cls, box, (image, anchor, gy, gx), anchors, valid)
             if select:
-                t, shift, valid = t[valid], shift[valid], None
-            image, cls, anchor = t[:, 0].long(), t[:, 1].long(), t[:, 6].long()
-            xy, wh = t[:, 2:4], t[:, 4:6]
-            cell = (xy - shift).long()
-            gx, gy = cell[:, 0].clamp(0, nx - 1), cell[:, 1].clamp(0, ny - 1)
-            matched = anchors[anchor]
-            box = torch.cat((xy - torch.stack((gx, gy), 1), wh), 1)
-            if valid is not None:  # an unmatched candidate's box becomes its anchor's, centred: finite CIoU
-                box = torch.where(valid[:, None], box, torch.cat((torch.full_like(xy, 0.5), matched), 1))
-            result.append(LevelTargets(cls, box, (image, anchor, gy, gx), matched, valid))
+                keep = valid.nonzero().squeeze(1)
+                level_targets = LevelTargets(
+                    cls[keep], box[keep], tuple(i[keep] for i in (image, anchor, gy, gx)), anchors[keep], None
+                )
+            result.append(level_targets)
         return result
 
     def build_targets(
@@ -333,15 +383,14 @@ class ComputeLoss:
     ) -> list[tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]]:
         """Assign targets to anchors and cells, level by level: the matched candidates only.
 
-        For inspection (selecting the matched ones waits for the device); the loss itself uses
-        :meth:`dense_targets`.
+        For inspection (selecting the matched ones waits for the device); the loss itself weights
+        every candidate of :meth:`dense_targets` on a GPU.
 
         Returns:
             Per level: classes [m], boxes [m, 4] (centre offset within the cell, w, h; grid units),
             indices (image, anchor, gy, gx), and the matched anchors [m, 2].
         """
-        assignment = self.dense_targets(preds, targets.to(preds[0].device), select=True)
-        return [(cls, box, index, anchors) for cls, box, index, anchors, _ in assignment]
+        return [(c, b, i, a) for c, b, i, a, _ in self.dense_targets(preds, targets, select=True)]
 
     def _constant(self, device: torch.device, key: object, value: torch.Tensor) -> torch.Tensor:
         """``value`` on ``device``, copied there once per key (a host-to-device copy waits for the GPU)."""
@@ -351,26 +400,27 @@ class ComputeLoss:
         return cached
 
 
-def _scatter_last(
-    shape: torch.Size, index: tuple[torch.Tensor, ...], values: torch.Tensor, valid: torch.Tensor
-) -> torch.Tensor:
-    """A zero tensor of ``shape`` with ``values`` written at ``index`` where ``valid``.
+def _per_level(values: torch.Tensor, weight: torch.Tensor | None, sizes: list[int] | None, nl: int) -> torch.Tensor:
+    """The sum of ``values`` per level, ``[nl]``: weighted rows of equal-size levels, or selected rows of ``sizes``."""
+    if weight is not None:
+        return (values * weight).view(nl, -1).sum(1)
+    return torch.stack([part.sum() for part in values.split(sizes)])
 
-    Where several valid candidates share a cell, the last one wins (what a sequential
+
+def _scatter_last(cells: int, flat: torch.Tensor, values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """A zero float tensor of ``cells`` with ``values`` written at ``flat`` (where ``valid``).
+
+    Where several candidates share a cell, the last one wins (what a sequential
     ``t[index] = values`` does), but deterministically on every device: each cell
     finds its last writer by a scatter-max over candidate positions.
     """
-    image, anchor, gy, gx = index
-    _, na, ny, nx = shape
-    cells = shape.numel()
-    flat = ((image * na + anchor) * ny + gy) * nx + gx
-    flat = torch.where(valid, flat, cells)  # the unmatched write to one spare slot past the end
+    if valid is not None:
+        flat = torch.where(valid, flat, cells)  # the unmatched write to one spare slot past the end
     position = torch.arange(flat.shape[0], device=flat.device)
     last = torch.full((cells + 1,), -1, dtype=torch.long, device=flat.device)
     last.scatter_reduce_(0, flat, position, reduce="amax")
-    last = last[:cells]
-    padded = torch.cat((values, values.new_zeros(1)))  # position -1 reads the 0 at the end
-    return padded[last].view(shape)
+    padded = torch.cat((values.float(), values.new_zeros(1, dtype=torch.float32)))  # position -1 reads the 0
+    return padded[last[:cells]]
 
 
 def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int, label_smoothing: float = 0.0) -> dict:

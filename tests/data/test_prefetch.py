@@ -73,3 +73,19 @@ def test_cuda_prefetcher_gives_the_plain_path_values(loader):
         got.append((imgs * 1, targets.clone(), paths, shapes))  # used on the compute stream, as a step would
     torch.cuda.synchronize()
     assert_same_batches(got, expected)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_images_to_float_is_one_allocation_with_the_old_values(channels_last):
+    from ddp_utils.data import images_to_float
+
+    from ..hostwait import HostWaitCounter
+
+    imgs = torch.randint(0, 256, (3, 3, 17, 9), dtype=torch.uint8)
+    old = imgs.float() / 255
+    if channels_last:
+        old = old.contiguous(memory_format=torch.channels_last)
+    with HostWaitCounter() as counter:
+        new = images_to_float(imgs, channels_last)
+    assert torch.equal(new, old) and new.stride() == old.stride() and new.dtype == torch.float32
+    assert dict(counter.by_op) == {"empty": 1, "copy_": 1, "div_": 1}  # one allocation, written in place

@@ -300,3 +300,23 @@ def test_checkpointer_writes_resume_exactly(tmp_path):
     raw = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     restore_training(load_checkpoint(tmp_path / "weights" / "last.pt"), raw)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), raw.state_dict().values()))
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_a_fused_optimizer_stays_fused_when_resumed_from_a_non_fused_checkpoint(tmp_path, name):
+    model, _, scaler, ema = trained_state()
+    plain = smart_optimizer(model, name, lr=0.01)  # on the CPU the automatic choice: not fused
+    model(torch.randn(2, 3, 8, 8)).square().mean().backward()
+    plain.step()
+    assert all(g["fused"] is None for g in plain.state_dict()["param_groups"])
+    save_checkpoint(build_checkpoint(ema.ema, optimizer=plain, scaler=scaler, epoch=3), tmp_path / "last.pt")
+    model2, _, scaler2, ema2 = trained_state()
+    fused = smart_optimizer(model2, name, lr=0.01, fused=True)  # what a CUDA run builds
+    restore_training(load_checkpoint(tmp_path / "last.pt"), model2, fused, ema2, scaler2)
+    assert all(g["fused"] is True for g in fused.param_groups)
+    assert fused.state_dict()["state"].keys() == plain.state_dict()["state"].keys()
+    # and it steps as a fused optimizer, taking the scaler's tensors without reading them back
+    scaler2.scale(model2(torch.randn(2, 3, 8, 8)).square().mean()).backward()
+    scaler2.step(fused)
+    scaler2.update()
+    assert fused._step_supports_amp_scaling

@@ -153,3 +153,28 @@ def test_cuda_update_never_waits_for_the_device():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert int(ema.ema[1].num_batches_tracked) == 1
+
+
+def test_update_pairs_once_and_launches_only_three_multi_tensor_ops():
+    from ..hostwait import HostWaitCounter
+
+    torch.manual_seed(2)
+    model = model_with_bn()
+    ema = ModelEMA(model, tau=3)
+    reference = ModelEMA(model, tau=3).ema
+    ema.update(model)  # pairs the tensors
+    loop_ema_update(reference, model, ema.decay(1))
+    model(torch.randn(2, 3, 6, 6))  # BatchNorm statistics and counter move
+    with HostWaitCounter() as counter:
+        ema.update(model)
+    loop_ema_update(reference, model, ema.decay(2))
+    # no state_dict(), no detach per entry: one mul, one add (floats) and one copy (integer buffers)
+    assert dict(counter.by_op) == {"_foreach_mul_": 1, "_foreach_add_": 1, "_foreach_copy_": 1}
+    assert not counter.waits
+    # buffers replaced by .to() (a new tensor per buffer) are paired again, not left stale
+    model.to(torch.float64).to(torch.float32)
+    model(torch.randn(2, 3, 6, 6))
+    ema.update(model)
+    loop_ema_update(reference, model, ema.decay(3))
+    expected = reference.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in ema.ema.state_dict().items())

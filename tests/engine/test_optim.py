@@ -170,3 +170,12 @@ def test_one_cycle_in_a_lambda_lr_saves_and_restores():
     fresh = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=0.1), lr_lambda=one_cycle())
     fresh.load_state_dict(state)
     assert fresh.lr_lambdas[0](5) == pytest.approx(one_cycle(1, 0.01, 10)(5))
+
+
+def test_fused_is_automatic_on_cuda_only_and_can_be_asked_for():
+    net = Net()
+    assert all(not g["fused"] for g in smart_optimizer(net, "SGD").param_groups)  # CPU parameters
+    for name in ("SGD", "Adam", "AdamW"):
+        assert all(g["fused"] is True for g in smart_optimizer(net, name, fused=True).param_groups)
+    if torch.cuda.is_available():
+        assert all(g["fused"] is True for g in smart_optimizer(Net().cuda(), "SGD").param_groups)

@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.yolo import ComputeLoss, FocalLoss, Model, load_model_yaml
+from ddp_utils.data import load_hyp
+from ddp_utils.yolo import ComputeLoss, FocalLoss, Model, load_model_yaml, scale_loss_gains
+from ddp_utils.yolo.loss import ciou_loss
+
+from ..hostwait import HostWaitCounter
 
 HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0}
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
@@ -219,14 +223,13 @@ def test_dense_loss_equals_the_reference_values_and_gradients(nc, per_image, ext
             loss.backward()
             results.append((loss.detach(), items, [p.grad for p in preds]))
         (loss, items, grads), (cpu_loss, cpu_items, cpu_grads), (ref_loss, ref_items, ref_grads) = results
-        # the dense (GPU) form: the same maths summed in another order
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)
-        for grad, ref_grad in zip(grads, ref_grads):
-            torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-7)
-        # off the GPU (the default there): bit for bit what the loss computed before
-        assert torch.equal(cpu_loss, ref_loss) and torch.equal(cpu_items, ref_items)
-        assert all(torch.equal(grad, ref_grad) for grad, ref_grad in zip(cpu_grads, ref_grads))
+        # both forms (dense on a GPU, selected elsewhere): torchvision's CIoU and the mask-free one
+        # agree to float rounding, summed in another order
+        for got_loss, got_items, got_grads in ((loss, items, grads), (cpu_loss, cpu_items, cpu_grads)):
+            torch.testing.assert_close(got_loss, ref_loss, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got_items, ref_items, rtol=1e-5, atol=1e-6)
+            for grad, ref_grad in zip(got_grads, ref_grads):
+                torch.testing.assert_close(grad, ref_grad, rtol=1e-4, atol=1e-7)
 
 
 def test_dense_assignment_selects_what_the_old_one_did():
@@ -291,3 +294,54 @@ def test_cuda_loss_never_waits_for_the_device_and_matches_the_reference():
     ref_loss, ref_items = ReferenceLoss(model, HYP)(preds, targets)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)
+
+
+def test_ciou_loss_equals_torchvisions_and_has_no_mask():
+    from torchvision.ops import complete_box_iou_loss
+
+    from ddp_utils.boxes import xywh2xyxy
+
+    gen = torch.Generator().manual_seed(3)
+    xy = torch.rand(200, 2, 2, generator=gen) * 4
+    wh = torch.rand(200, 2, 2, generator=gen) * 3 + 0.05
+    xy[:20, 1] = xy[:20, 0] + 10  # far apart: no intersection
+    ours = ciou_loss(xy[:, 0], wh[:, 0], xy[:, 1], wh[:, 1])
+    theirs = complete_box_iou_loss(
+        xywh2xyxy(torch.cat((xy[:, 0], wh[:, 0]), 1)), xywh2xyxy(torch.cat((xy[:, 1], wh[:, 1]), 1))
+    )
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    with HostWaitCounter() as counter:
+        ciou_loss(xy[:, 0].requires_grad_(), wh[:, 0], xy[:, 1], wh[:, 1]).sum().backward()
+    assert not counter.waits, counter.lines()
+
+
+def yolov5s_loss_inputs(batch: int = 2, size: int = 64):
+    torch.manual_seed(0)
+    model = Model("yolov5s.yaml", ch=3, nc=80)
+    hyp = scale_loss_gains(load_hyp("hyp.scratch-low.yaml"), 3, 80, size)
+    gen = torch.Generator().manual_seed(1)
+    targets = random_targets(gen, batch, 6, 80)
+    return model, hyp, model(torch.rand(batch, 3, size, size, generator=gen)), targets
+
+
+def test_dense_loss_on_cpu_never_waits_and_stays_within_its_op_budget():
+    model, hyp, preds, targets = yolov5s_loss_inputs()
+    compute_loss = ComputeLoss(model, hyp, dense=True)
+    compute_loss(preds, targets)  # the first call makes its constants
+    with HostWaitCounter() as forward:
+        loss, items = compute_loss(preds, targets)
+    with HostWaitCounter() as backward:
+        loss.backward()
+    assert not forward.waits and not backward.waits, (forward.lines(), backward.lines())
+    assert forward.ops <= 200, forward.by_op.most_common(20)  # was 544 (torchvision CIoU, level by level)
+    assert torch.isfinite(items).all()
+
+
+def test_bf16_predictions_give_the_float32_loss():
+    model, hyp, preds, targets = yolov5s_loss_inputs()
+    compute_loss = ComputeLoss(model, hyp, dense=True)
+    rounded = [p.detach().to(torch.bfloat16) for p in preds]
+    loss_bf16, items_bf16 = compute_loss(rounded, targets)
+    loss_fp32, items_fp32 = compute_loss([p.float() for p in rounded], targets)
+    assert loss_bf16.dtype == items_bf16.dtype == torch.float32
+    assert torch.equal(loss_bf16, loss_fp32) and torch.equal(items_bf16, items_fp32)
