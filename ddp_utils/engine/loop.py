@@ -29,8 +29,6 @@ from .amp import AMP_DTYPES
 from .ema import ModelEMA
 from .optim import Warmup
 
-PROGRESS_SECONDS = 0.5  # how often the progress bar reads the loss back from the device
-
 
 def class_frequency(labels: Sequence[np.ndarray], nc: int) -> torch.Tensor:
     """Count the objects of each class in a dataset's labels (rows ``class x y w h``).
@@ -237,7 +235,7 @@ def train_one_epoch(
         if on_batch is not None:
             on_batch(i, batch_imgs, targets, paths)
         if bar is not None:
-            if bar.due() or i + 1 == nb:  # a bar: every PROGRESS_SECONDS; plain lines: every PLAIN_SECONDS
+            if bar.due() or i + 1 == nb:  # a bar: every BAR_SECONDS; plain lines: every PLAIN_SECONDS
                 bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs))  # reads mloss: a sync
             bar.update(1)  # a plain line, when due, shows the description just set
         if preemption is not None and preemption.poll():
@@ -256,7 +254,7 @@ def _progress(nb: int, enabled: bool) -> Any:
     mode = progress_mode() if enabled else "off"
     if mode == "off":
         return None
-    return progress(nb, mode=mode, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr, mininterval=PROGRESS_SECONDS)
+    return progress(nb, mode=mode, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
 
 
 def _describe(epoch: int, epochs: int | None, mloss: torch.Tensor, device: torch.device, targets, imgs) -> str:

@@ -7,6 +7,7 @@ single-process test calls :func:`count_epoch` directly.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 import ddp_utils as du
+from ddp_utils import progress as progress_module
 from ddp_utils.data import load_hyp
 from ddp_utils.engine import (
     ModelEMA,
@@ -26,7 +28,6 @@ from ddp_utils.engine import (
     train_one_epoch,
     wrap_model,
 )
-from ddp_utils.engine import loop as loop_module
 from ddp_utils.yolo import ComputeLoss, Model, load_model_yaml, scale_loss_gains
 
 from ..hostwait import HostWaitCounter
@@ -71,13 +72,14 @@ def count_epoch(steps: int, accumulate: int, distributed: bool = False, world_si
     """Train one epoch of ``steps`` batches under a :class:`HostWaitCounter`; the waits per step, by line.
 
     With a refresh interval longer than the epoch the bar reads the loss at its last batch and
-    at the epoch's end only (its first refresh comes PROGRESS_SECONDS after the clock's zero).
+    at the epoch's end only, whichever display ``progress_mode`` picks (bar or plain lines).
     """
     step = gpu_form_step(steps, accumulate, distributed, world_size)
     assert isinstance(step.ema, ModelEMA)
     marks: list[int] = []
     counter = HostWaitCounter()
-    loop_module.PROGRESS_SECONDS = 1e9
+    progress_module.BAR_SECONDS = 1e9
+    os.environ[progress_module.PLAIN_SECONDS_ENV] = "1e9"
     with PreemptionHandler() as preemption, counter:
         stats = train_one_epoch(
             step,
