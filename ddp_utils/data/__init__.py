@@ -2,8 +2,8 @@
 
 What lives where:
 
-- ``config.py``: the data yaml (load, resolve paths, check), hyperparameter yamls, ``hyp_value``; ``download.py``: fetching a
-  dataset its yaml names (zip URLs, trusted generators).
+- ``config.py``: the data yaml (load, resolve paths, check); ``download.py``: fetching a dataset its
+  yaml names (zip URLs, trusted generators).
 - ``labels.py``: find images and verify their labels, ``load_labels``; ``label_cache.py``: the label
   cache (versioned, hashed, pickle-free).
 - ``headers.py``: image sizes from file headers, without decoding.
@@ -34,7 +34,7 @@ from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
 from .loader import EpochLoader, create_dataloader, create_val_dataloader
 from .prefetch import DevicePrefetcher, to_device_batch
-from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
+from .samplers import EvalSampler, TrainSampler, WeightedTrainSampler
 from .synthetic import generate, make_shapes_dataset
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "DevicePrefetcher",
     "DownloadError",
     "EpochLoader",
-    "EpochSampler",
     "EvalSampler",
     "LabelSet",
     "SampleKey",

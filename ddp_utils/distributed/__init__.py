@@ -16,7 +16,7 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
   :func:`broadcast_object`, :func:`all_gather_object`, :func:`rank_zero_only`.
 - ``zero_first.py``: :func:`torch_distributed_zero_first` and its job-wide variant, over the
   group's store with a heartbeat instead of barriers.
-- ``parallel.py``: :func:`is_parallel`, :func:`de_parallel` (alias :func:`unwrap_model`).
+- ``parallel.py``: :func:`is_parallel`, :func:`de_parallel`.
 """
 
 from __future__ import annotations
@@ -44,14 +44,10 @@ from .group import (
     is_dist_initialized,
     is_main_process,
 )
-
-# the private names that ddp_utils.distributed had before it became a package, for code that imports them
-from .group import collective_device as _collective_device  # noqa: F401
-from .parallel import de_parallel, is_parallel, unwrap_model
+from .parallel import de_parallel, is_parallel
 from .zero_first import (
     HEARTBEAT_S,
     RankFailedError,
-    _default_store,  # noqa: F401
     torch_distributed_rank_zero_first,
     torch_distributed_zero_first,
 )
@@ -91,5 +87,4 @@ __all__ = [
     "reduce_tensor",
     "torch_distributed_rank_zero_first",
     "torch_distributed_zero_first",
-    "unwrap_model",
 ]

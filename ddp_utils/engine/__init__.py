@@ -36,7 +36,7 @@ from .checkpoint_io import (
     to_plain,
 )
 from .checkpointer import Checkpointer
-from .early_stop import EarlyStopping, should_stop_everywhere
+from .early_stop import EarlyStopping
 from .ema import ModelEMA
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
 from .loop import EpochStats, TrainStep, class_frequency, init_class_biases, train_one_epoch
@@ -108,7 +108,6 @@ __all__ = [
     "results_values",
     "save_checkpoint",
     "scaled_weight_decay",
-    "should_stop_everywhere",
     "smart_optimizer",
     "strip_optimizer",
     "tensorboard_writer",

@@ -94,9 +94,6 @@ def strip_optimizer(
     f: str | Path = "best.pt",
     s: str | Path | None = "",
     half: bool = True,
-    *,
-    path: str | Path | None = None,
-    out: str | Path | None = None,
 ) -> Path | None:
     """Make a final, smaller checkpoint: drop the optimizer state, store fp16 weights (YOLOv5's call form).
 
@@ -113,8 +110,6 @@ def strip_optimizer(
         f: the checkpoint file.
         s: where to write; ``f`` itself when empty or None.
         half: convert floating-point weights to fp16.
-        path: our former name of ``f`` (keyword only).
-        out: our former name of ``s`` (keyword only).
 
     Returns:
         The written path, or None on other ranks.
@@ -124,8 +119,8 @@ def strip_optimizer(
         UnsafeCheckpointError: ``f`` pickles classes other than ddp_utils' and torch.nn's modules.
         CheckpointError: ``f`` has no model to strip.
     """
-    source = Path(path if path is not None else f)
-    target = Path(out or s or source)
+    source = Path(f)
+    target = Path(s or source)
     if not is_main_process():
         return None
     try:
