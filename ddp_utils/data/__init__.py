@@ -25,10 +25,11 @@ The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
 """
 
 from ..downloads import DownloadError
+from ..hyp import hyp_value, load_hyp  # the hyperparameter yaml, read by the data pipeline too
 from ..yamls import DataConfigError
 from .augment import letterbox
-from .class_weights import labels_to_class_weights, labels_to_image_weights
-from .config import check_dataset, datasets_dir, hyp_value, load_hyp
+from .class_weights import class_frequency, labels_to_class_weights, labels_to_image_weights
+from .config import check_dataset, datasets_dir
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
@@ -58,6 +59,7 @@ __all__ = [
     "hyp_value",
     "img2label_paths",
     "label_cache_path",
+    "class_frequency",
     "labels_to_class_weights",
     "labels_to_image_weights",
     "letterbox",

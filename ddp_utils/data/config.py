@@ -1,4 +1,4 @@
-"""Data yamls and hyperparameter yamls: load, resolve paths, check, and fetch missing data.
+"""Data yamls: load, resolve paths, check, and fetch missing data (hyperparameter yamls: ``ddp_utils.hyp``).
 
 A data yaml in the YOLOv5/Ultralytics format names a dataset root ``path``, the splits
 ``train``, ``val`` and ``test`` (each a directory, a ``.txt`` list of images, or a list of
@@ -28,7 +28,6 @@ Members with absolute paths or ``..`` are refused before anything is written.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -180,37 +179,3 @@ def check_dataset(data: str | Path | dict[str, Any], autodownload: bool = True) 
         hint = "autodownload is off" if content.get("download") else "there is no 'download' key to fetch it"
         raise FileNotFoundError(f"{where}: key '{key}': {path} does not exist ({hint})")
     return content
-
-
-def load_hyp(name_or_path: str | Path) -> dict[str, Any]:
-    """Load a hyperparameter yaml: a bare name resolves to the shipped ``configs/hyps/``.
-
-    Args:
-        name_or_path: "hyp.scratch-low.yaml", "hyp.shapes" (suffix optional) or a path.
-
-    Returns:
-        The hyperparameters as a dict of numbers, in file order.
-
-    Raises:
-        FileNotFoundError: no such file, shipped or given.
-        DataConfigError: the file is not a mapping of numbers; names the file and key.
-
-    Examples:
-        >>> hyp = load_hyp("hyp.scratch-low.yaml")
-        >>> hyp["lr0"], hyp["mosaic"]
-        (0.01, 1.0)
-    """
-    file = find_yaml("configs/hyps", name_or_path)
-    hyp = read_yaml(file)
-    for key, value in hyp.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise DataConfigError(f"{file}: key '{key}' must be a number, got {value!r}")
-    return hyp
-
-
-def hyp_value(hyp: Mapping[str, float] | None, key: str, default: float = 0.0) -> float:
-    """A hyperparameter, or ``default`` when it or the whole dict is missing."""
-    if not hyp:
-        return default
-    value = hyp.get(key, default)
-    return default if value is None else float(value)

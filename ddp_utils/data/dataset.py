@@ -20,10 +20,10 @@ import torch
 from torch.utils.data import Dataset
 
 from ..boxes import xywhn2xyxy, xyxy2xywhn
+from ..hyp import hyp_value
 from ..seed import derive_seed
 from ..yamls import DataConfigError
 from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
-from .config import hyp_value
 from .image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from .images import load_image, read_image, resized_shape
 from .warp import mosaic4, random_perspective

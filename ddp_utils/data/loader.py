@@ -27,10 +27,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..distributed import dist_info, get_rank, get_world_size, is_dist_initialized, torch_distributed_zero_first
+from ..host import disk_free
 from ..log import LOGGER
 from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset
-from .image_cache import disk_free
 from .labels import find_images, label_cache_path, load_labels
 from .samplers import EvalSampler, TrainSampler, WeightedTrainSampler
 from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack

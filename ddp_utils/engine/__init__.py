@@ -3,7 +3,7 @@
 What lives where:
 
 - ``loop.py``: :func:`train_one_epoch` and :class:`TrainStep` (accumulation without needless
-  all-reduces, AMP, timing without host waits), class-bias init.
+  all-reduces, AMP, timing without host waits).
 - ``ema.py``: :class:`ModelEMA`, updated with multi-tensor kernels.
 - ``checkpoint_io.py``: the checkpoint format, atomic saves and pickle-free loads; ``checkpointer.py``:
   :class:`Checkpointer`, which owns a run's last/best/epochN; ``strip.py``: ``strip_optimizer``;
@@ -39,7 +39,7 @@ from .checkpointer import Checkpointer
 from .early_stop import EarlyStopping
 from .ema import ModelEMA
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
-from .loop import EpochStats, TrainStep, class_frequency, init_class_biases, train_one_epoch
+from .loop import EpochStats, TrainStep, train_one_epoch
 from .memory_format import to_channels_last, use_channels_last
 from .optim import (
     NBS,
@@ -65,9 +65,7 @@ __all__ = [
     "TrainStep",
     "autobatch",
     "check_train_batch_size",
-    "class_frequency",
     "fit_batch_size",
-    "init_class_biases",
     "resolve_amp",
     "to_channels_last",
     "train_one_epoch",
