@@ -1,4 +1,4 @@
-"""What the host has to spare: memory available to new allocations, free disk space.
+"""What the host has to spare: memory available to new allocations, free disk space, CPU time it queues.
 
 At the bottom of the package: the caches, the batch pool and anything else that sizes itself
 to the machine ask here, so that a test can stand in for the machine in one place.
@@ -39,4 +39,18 @@ def disk_free(directory: str | Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-__all__ = ["disk_free", "mem_available"]
+def runqueue_seconds() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux's schedstat; 0.0 elsewhere).
+
+    Examples:
+        >>> runqueue_seconds() >= 0.0
+        True
+    """
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+__all__ = ["disk_free", "mem_available", "runqueue_seconds"]

@@ -69,7 +69,7 @@ def _own_module_classes(path: Path) -> list[Any]:
             raise UnsafeCheckpointError(
                 f"checkpoint {path} pickles {name}, which is not a ddp_utils or torch.nn module, so it was "
                 "not loaded: unpickling it could run code. A YOLOv5 checkpoint converts with "
-                "`python -m ddp_utils.convert`; a file you trust loads with load_checkpoint(path, trusted=True)."
+                "`python -m ddp_utils convert`; a file you trust loads with load_checkpoint(path, trusted=True)."
             )
         allowed.append(obj)
     if any(name.startswith("numpy.") for name in needed):
