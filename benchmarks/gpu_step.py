@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,9 +37,8 @@ from ddp_utils.data import create_dataloader, load_hyp  # noqa: E402
 from ddp_utils.data.synthetic import DEFAULT_CLASSES, make_shapes_dataset  # noqa: E402
 from ddp_utils.engine import ModelEMA, smart_optimizer  # noqa: E402
 from ddp_utils.engine.memory_format import to_channels_last, use_channels_last  # noqa: E402
+from ddp_utils.engine.run_report import EPOCH_LINE  # noqa: E402  (train.py's epoch line, one home)
 from ddp_utils.yolo import ComputeLoss, Model  # noqa: E402
-
-EPOCH_LINE = re.compile(r"\bepoch (\d+)/\d+: [^\n]*?([0-9.]+) img/s, data wait ([0-9.]+)%")
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:

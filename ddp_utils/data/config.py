@@ -83,6 +83,16 @@ def _normalise_names(data: dict[str, Any], where: str) -> dict[int, str]:
     return {i: str(mapping[i]) for i in sorted(mapping)}
 
 
+def _user_path(value: str, key: str, where: str) -> Path:
+    """A path from the yaml, ``~`` expanded; one that cannot name a file is a :class:`DataConfigError`."""
+    if "\x00" in value:  # the OS refuses it with a ValueError far from the yaml
+        raise DataConfigError(f"{where}: key '{key}' has a NUL character: {value!r}")
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # "~someone" with no such user
+        raise DataConfigError(f"{where}: key '{key}': {value!r} names no home directory") from None
+
+
 def _resolve_root(data: dict[str, Any], yaml_file: Path | None, where: str) -> Path:
     raw = data.get("path")
     base = yaml_file.parent if yaml_file is not None else Path.cwd()
@@ -90,7 +100,7 @@ def _resolve_root(data: dict[str, Any], yaml_file: Path | None, where: str) -> P
         return base.resolve()
     if not isinstance(raw, str):
         raise DataConfigError(f"{where}: key 'path' must be a string, got {raw!r}")
-    path = Path(raw).expanduser()
+    path = _user_path(raw, "path", where)
     if path.is_absolute():
         return path
     beside = (base / path).resolve()
@@ -110,7 +120,7 @@ def _resolve_split(value: Any, root: Path, key: str, where: str) -> str | list[s
     items = value if isinstance(value, list) else [value]
     if not all(isinstance(item, str) and item for item in items):
         raise DataConfigError(f"{where}: key '{key}' must be a path or a list of paths, got {value!r}")
-    resolved = [str(root / Path(item).expanduser()) for item in items]
+    resolved = [str(root / _user_path(item, key, where)) for item in items]
     return resolved if isinstance(value, list) else resolved[0]
 
 

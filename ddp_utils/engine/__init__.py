@@ -7,8 +7,12 @@ What lives where:
 - ``ema.py``: :class:`ModelEMA`, updated with multi-tensor kernels.
 - ``checkpoint_io.py``: the checkpoint format, atomic saves and pickle-free loads; ``checkpointer.py``:
   :class:`Checkpointer`, which owns a run's last/best/epochN; ``strip.py``: ``strip_optimizer``;
-  ``resume.py``: ``restore_training``, ``latest_checkpoint``.
+  ``resume.py``: ``restore_training``, ``latest_checkpoint``; ``pretrained.py``: reading ours or YOLOv5's.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
+  ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
+- ``run.py``: one training run: what ``--resume`` continues (:func:`find_resume`, checked before
+  any write), the settled options (:class:`Run`), the run directory; ``run_report.py``: the epoch
+  line and its parser, the first batches' plots, the finished run's last words.
 - ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> save and stop).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
