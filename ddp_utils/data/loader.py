@@ -266,8 +266,10 @@ def _build(  # noqa: PLR0913 (the two public builders' arguments, passed on)
     seed: int,
     **dataset_kwargs,
 ) -> tuple[EpochLoader, YoloDataset]:
-    """The dataset (built once per node) and its loader, sharded over the process group: padded
-    shards for training, exact ones for evaluation."""
+    """The dataset (built once per node) and its loader, sharded over the process group.
+
+    Training gets padded shards (every rank the same number of batches), evaluation exact ones.
+    """
     # Inside zero_first: the node's first process scans the labels and writes the label
     # cache (and the RAM image cache); the others then read what it wrote.
     with torch_distributed_zero_first(rank):
@@ -353,21 +355,9 @@ def create_dataloader(
         )
     collate = YoloDataset.collate_fn4 if quad else YoloDataset.collate_fn
     dataset_kwargs = dict(augment=augment, hyp=hyp, rect=rect, image_weights=image_weights, cache=cache, pad=pad)
-    return _build(
-        path,
-        imgsz,
-        batch_size,
-        stride,
-        rank,
-        workers,
-        prefix,
-        collate=collate,
-        evaluate=False,
-        shuffle=shuffle,
-        seed=seed,
-        single_cls=single_cls,
-        **dataset_kwargs,
-    )
+    where = (path, imgsz, batch_size, stride, rank, workers, prefix)
+    options = dict(collate=collate, evaluate=False, shuffle=shuffle, seed=seed, single_cls=single_cls)
+    return _build(*where, **options, **dataset_kwargs)
 
 
 def create_val_dataloader(
@@ -390,20 +380,8 @@ def create_val_dataloader(
     batch fewer than another (or none when there are fewer images than ranks).
     """
     dataset_kwargs = dict(augment=False, hyp=hyp, rect=rect, cache=cache, single_cls=single_cls, pad=pad)
-    return _build(
-        path,
-        imgsz,
-        batch_size,
-        stride,
-        rank,
-        workers,
-        prefix,
-        collate=YoloDataset.collate_fn,
-        evaluate=True,
-        shuffle=False,
-        seed=0,
-        **dataset_kwargs,
-    )
+    where = (path, imgsz, batch_size, stride, rank, workers, prefix)
+    return _build(*where, collate=YoloDataset.collate_fn, evaluate=True, shuffle=False, seed=0, **dataset_kwargs)
 
 
 __all__ = ["EpochLoader", "create_dataloader", "create_val_dataloader"]
