@@ -58,9 +58,9 @@ from ddp_utils.engine import (  # noqa: E402
     wrap_model,
 )
 from ddp_utils.engine.memory_format import to_channels_last, use_channels_last  # noqa: E402
+from ddp_utils.engine.run_report import EPOCH_LINE  # noqa: E402  (train.py's epoch line, one home)
 from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains  # noqa: E402
 
-EPOCH_LINE = re.compile(r"\bepoch (\d+)/\d+: [^\n]*?([0-9.]+) img/s, data wait ([0-9.]+)%")
 SPEED = re.compile(r"([0-9.]+) img/s, data wait ([0-9.]+)%")
 MODES = ("model", "step", "loader", "loop", "ddp")
 QUICK = {"model": "yolov5n.yaml", "imgsz": 32, "batch": 2, "steps": 2, "warmup": 1, "workers": 0, "images": 8}

@@ -24,7 +24,6 @@ from .distributed import (
     reduce_tensor,
     torch_distributed_rank_zero_first,
     torch_distributed_zero_first,
-    unwrap_model,
 )
 from .log import LOGGER, set_logging
 from .profiling import FlopsReport, flops, format_table, model_info, profile
@@ -34,7 +33,6 @@ from .yolo import ComputeLoss, Model, evaluate, fitness, non_max_suppression, sc
 __version__ = "0.1.0"
 
 __all__ = [
-    "unwrap_model",
     "launch_key",
     "de_parallel",
     "any_rank",

@@ -6,9 +6,6 @@ kind; :func:`clip_boxes` works in place, as YOLOv5's does, and also returns the 
 
 ``xywh``: centre x, centre y, width, height; ``xyxy``: top-left and bottom-right corners;
 a trailing ``n`` means normalised to the image's width and height.
-
-The data pipeline's float32 NumPy spellings, :func:`xywhn_to_xyxy` and :func:`xyxy_to_xywhn`
-(which clips by default), are thin wrappers over the YOLOv5-named functions.
 """
 
 from __future__ import annotations
@@ -58,15 +55,23 @@ def xyxy2xywh(x: Boxes) -> Boxes:
 def xywhn2xyxy(x: Boxes, w: float = 640, h: float = 640, padw: float = 0, padh: float = 0) -> Boxes:
     """Normalised centre, width, height to pixel corners in a (padded) w x h image.
 
+    Computed as centre -/+ half size in the boxes' own dtype (float32 for the data pipeline's
+    labels): YOLOv5's ``w * (x - w_box / 2) + padw`` gives the same values up to the last bit.
+
     Examples:
         >>> xywhn2xyxy(torch.tensor([[0.5, 0.5, 0.25, 0.5]]), w=100, h=200)
         tensor([[ 37.5000,  50.0000,  62.5000, 150.0000]])
+        >>> xywhn2xyxy(np.array([[0.5, 0.5, 0.5, 0.5]], np.float32), 100, 50, 10, 0).tolist()
+        [[35.0, 12.5, 85.0, 37.5]]
     """
+    w, h, padw, padh = float(w), float(h), float(padw), float(padh)  # Python floats: the boxes' dtype rules
     y = _copy(x)
-    y[..., 0] = w * (x[..., 0] - x[..., 2] / 2) + padw
-    y[..., 1] = h * (x[..., 1] - x[..., 3] / 2) + padh
-    y[..., 2] = w * (x[..., 0] + x[..., 2] / 2) + padw
-    y[..., 3] = h * (x[..., 1] + x[..., 3] / 2) + padh
+    centre_x, centre_y = x[..., 0] * w + padw, x[..., 1] * h + padh
+    half_w, half_h = x[..., 2] * (w / 2), x[..., 3] * (h / 2)
+    y[..., 0] = centre_x - half_w
+    y[..., 1] = centre_y - half_h
+    y[..., 2] = centre_x + half_w
+    y[..., 3] = centre_y + half_h
     return y
 
 
@@ -119,40 +124,12 @@ def clip_boxes(boxes: Boxes, shape: tuple[float, float]) -> Boxes:
     return boxes
 
 
-def xywhn_to_xyxy(boxes: np.ndarray, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
-    """:func:`xywhn2xyxy` of a NumPy [n, 4] array, as float32 (the data pipeline's labels).
-
-    In float32 from the centre and half size, in 4 ufuncs: the pipeline's exact numbers since
-    before the YOLOv5-named function joined it (YOLOv5's operation order rounds differently).
-
-    Examples:
-        >>> xywhn_to_xyxy(np.array([[0.5, 0.5, 0.5, 0.5]]), 100, 50, 10, 0).tolist()
-        [[35.0, 12.5, 85.0, 37.5]]
-    """
-    scale = np.array([w, h], np.float32)
-    centre = boxes[:, :2] * scale + np.array([padw, padh], np.float32)
-    half = boxes[:, 2:4] * (scale / 2)
-    return np.concatenate((centre - half, centre + half), axis=1, dtype=np.float32)
-
-
-def xyxy_to_xywhn(boxes: np.ndarray, w: float, h: float, clip: bool = True, eps: float = 1e-3) -> np.ndarray:
-    """:func:`xyxy2xywhn` of a NumPy [n, 4] array as float32, clipping to the image (less ``eps``) by default.
-
-    Examples:
-        >>> xyxy_to_xywhn(np.array([[0, 0, 50, 25.]]), 100, 50).tolist()
-        [[0.25, 0.25, 0.5, 0.5]]
-    """
-    return xyxy2xywhn(np.asarray(boxes, dtype=np.float32), w, h, clip, eps)
-
-
 __all__ = [
     "Boxes",
     "clip_boxes",
     "xyn2xy",
     "xywh2xyxy",
     "xywhn2xyxy",
-    "xywhn_to_xyxy",
     "xyxy2xywh",
     "xyxy2xywhn",
-    "xyxy_to_xywhn",
 ]

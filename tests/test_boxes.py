@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from ddp_utils import boxes
-from ddp_utils.data import augment
 from ddp_utils.yolo import ops
 
 
@@ -33,15 +32,16 @@ def test_clip_in_xyxy2xywhn_stays_inside_the_image():
     assert (out[:, :2] - out[:, 2:] / 2 >= 0).all() and (out[:, :2] + out[:, 2:] / 2 < 1).all()
 
 
-def test_data_spellings_are_float32_wrappers_with_clipping_by_default():
-    b = np.array([[-5.0, 0.0, 50.0, 25.0]])
-    out = boxes.xyxy_to_xywhn(b, 100, 50)
-    assert out.dtype == np.float32 and out[0, 0] >= 0  # clipped by default, as the data pipeline needs
-    np.testing.assert_allclose(out, boxes.xyxy2xywhn(b.astype(np.float32), 100, 50, clip=True, eps=1e-3))
-    assert boxes.xywhn_to_xyxy(np.array([[0.5, 0.5, 0.2, 0.2]]), 10, 10).dtype == np.float32
+def test_xywhn2xyxy_keeps_the_boxes_dtype_and_matches_yolov5s_order_to_the_last_bit():
+    x = np.random.default_rng(0).random((50, 4)).astype(np.float32)
+    out = boxes.xywhn2xyxy(x, 321, 123, 7, 3)
+    assert out.dtype == np.float32
+    left, right = 321 * (x[:, 0] - x[:, 2] / 2) + 7, 321 * (x[:, 0] + x[:, 2] / 2) + 7
+    top, bottom = 123 * (x[:, 1] - x[:, 3] / 2) + 3, 123 * (x[:, 1] + x[:, 3] / 2) + 3
+    yolov5_order = np.stack([left, top, right, bottom], 1)
+    np.testing.assert_allclose(out, yolov5_order, rtol=1e-6, atol=1e-4)
 
 
 def test_one_home_old_paths_give_the_same_functions():
     for name in ("xywh2xyxy", "xyxy2xywh", "xywhn2xyxy", "xyxy2xywhn", "xyn2xy", "clip_boxes"):
         assert getattr(ops, name) is getattr(boxes, name)
-    assert augment.xywhn_to_xyxy is boxes.xywhn_to_xyxy and augment.xyxy_to_xywhn is boxes.xyxy_to_xywhn

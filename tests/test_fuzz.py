@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ddp_utils.data import DataConfigError, check_dataset, load_hyp, load_labels, make_shapes_dataset
@@ -31,7 +31,10 @@ from ddp_utils.yolo import Model, ModelConfigError
 pytestmark = pytest.mark.timeout(180)  # a parser that hangs on some input fails here
 CASES: Counter[str] = Counter()
 FUZZ = settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], database=None
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    database=None,
 )
 
 
@@ -153,6 +156,11 @@ def _check_data_yaml(file: Path) -> None:
 
 @FUZZ
 @given(content=st.one_of(DATA_DICTS, MUTATED_DATA))
+# found by the fuzzer: "~user" of no such user (expanduser's RuntimeError), a NUL in a path (the OS's ValueError)
+@example(content={**VALID_DATA, "path": "~nouser"})
+@example(content={**VALID_DATA, "train": "~nouser/images"})
+@example(content={**VALID_DATA, "path": "a\x00"})
+@example(content={**VALID_DATA, "val": ["images/val", "b\x00"]})
 def test_any_data_dict_in_a_yaml_gives_a_dict_or_an_error_naming_the_file(tiny_dataset: Path, content) -> None:
     CASES["data yamls (dicts)"] += 1
     file = tiny_dataset / f"fuzz-{uuid.uuid4().hex[:8]}.yaml"

@@ -1,4 +1,4 @@
-"""Tests of ddp_utils.profiling (model_info, flops, profile) and the ddp-profile CLI (ddp_utils.cli.profile)."""
+"""Tests of ddp_utils.profiling (model_info, flops, profile) and the profile command (python -m ddp_utils profile)."""
 
 from __future__ import annotations
 
@@ -290,7 +290,7 @@ def test_cli_torchvision_prints_both_tables():
     import torchvision
 
     expected = sum(p.numel() for p in torchvision.models.resnet18(weights=None).parameters())
-    cmd = [sys.executable, "-m", "ddp_utils.cli.profile", "--torchvision", "resnet18", "--imgsz", "64"]
+    cmd = [sys.executable, "-m", "ddp_utils", "profile", "--torchvision", "resnet18", "--imgsz", "64"]
     cmd += ["--device", "cpu", "--n", "2"]
     env = launcher_env()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -348,13 +348,13 @@ def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
     port = free_port()
     env = launcher_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(port), "-m", "ddp_utils.cli.profile", "--torchvision", "resnet18", "--imgsz", "32"]
+    cmd += ["--master_port", str(port), "-m", "ddp_utils", "profile", "--torchvision", "resnet18", "--imgsz", "32"]
     cmd += ["--device", "cpu", "--repeats", "2"]
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    (run,) = collect([proc], start, 140, "torchrun ddp_utils.cli.profile")
+    (run,) = collect([proc], start, 140, "torchrun -m ddp_utils profile")
     assert run.returncode == 0, describe([run])
     assert run.stdout.count("ResNet summary:") == 1  # rank 0 alone prints
     table = run.stdout[run.stdout.index("forward/backward of ResNet") :].splitlines()
@@ -363,7 +363,7 @@ def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
 
 
 def test_cli_profiles_the_detector_from_its_yaml():
-    cmd = [sys.executable, "-m", "ddp_utils.cli.profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "ddp_utils", "profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu"]
     cmd += ["--n", "1"]
     env = launcher_env()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -454,7 +454,7 @@ def test_top_level_profile_is_the_function():
 
 
 def test_cli_module_help():
-    cmd = [sys.executable, "-m", "ddp_utils.cli.profile", "--help"]
+    cmd = [sys.executable, "-m", "ddp_utils", "profile", "--help"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=launcher_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage: ddp-profile") and "--torchvision" in proc.stdout
+    assert proc.stdout.startswith("usage: python -m ddp_utils profile") and "--torchvision" in proc.stdout

@@ -16,6 +16,7 @@ import torch
 
 from ddp_utils.data import make_shapes_dataset
 from ddp_utils.engine import load_checkpoint
+from ddp_utils.engine.run_report import parse_epoch_lines
 
 from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, kill_tree, launcher_env
 
@@ -104,8 +105,7 @@ def test_single_process_two_epochs(tmp_path):
     assert_run_outputs(tmp_path / "runs" / "run", epochs=2)
     assert "final mAP@0.5" in result.stderr
     # one line per epoch, in a form benchmarks parse; evaluate's own summary line is not repeated
-    epoch_lines = re.findall(r"^epoch (\d+)/2: loss .* (\d+\.\d) img/s, data wait (\d+\.\d)%$", result.stderr, re.M)
-    assert [line[0] for line in epoch_lines] == ["1", "2"], result.stderr
+    assert [e["epoch"] for e in parse_epoch_lines(result.stderr)] == [1, 2], result.stderr
     assert not re.search(r"val: \d+ images, \d+ labels: P", result.stderr), result.stderr
 
 

@@ -118,7 +118,6 @@ def our_train_checkpoint(model: Model, path: Path) -> Path:
         lambda f, s: strip_optimizer(f, s),
         lambda f, s: strip_optimizer(f=f, s=s),
         lambda f, s: strip_optimizer(f=str(f), s=""),  # '' keeps f
-        lambda f, s: strip_optimizer(f, out=s),  # our keyword form
     ],
 )
 def test_strip_optimizer_on_our_train_checkpoint(tmp_path, model, call):

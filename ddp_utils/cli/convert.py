@@ -1,7 +1,7 @@
 """Convert a YOLOv5 checkpoint into ddp_utils's own, without running the pickle it holds.
 
-    python -m ddp_utils.convert yolov5s.pt              # writes yolov5s-ddp.pt beside it
-    python -m ddp_utils.convert yolov5s.pt weights/s.pt
+    python -m ddp_utils convert yolov5s.pt              # writes yolov5s-ddp.pt beside it (or: ddp-convert)
+    python -m ddp_utils convert yolov5s.pt weights/s.pt
 
 The output is a plain-data checkpoint (:func:`~ddp_utils.engine.load_checkpoint` reads it with
 ``weights_only=True``) that ``train.py --weights`` fine-tunes from. The work is
@@ -21,16 +21,16 @@ from ..log import set_logging
 from ..yolo.foreign import ForeignCheckpointError
 
 
-def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ddp_utils.convert", description=__doc__.splitlines()[0])
+def parse_opt(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils convert") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("src", help="a checkpoint YOLOv5's train.py wrote, e.g. yolov5s.pt")
     parser.add_argument("dst", nargs="?", help="output file (default: <stem>-ddp.pt beside src)")
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m ddp_utils.convert``; exit 2 with one line on bad input."""
-    opt = parse_opt(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils convert") -> int:
+    """``python -m ddp_utils convert`` (``ddp-convert``); exit 2 with one line on bad input."""
+    opt = parse_opt(argv, prog)
     set_logging()
     src = Path(opt.src)
     try:
@@ -47,7 +47,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"converted {src} -> {dst}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

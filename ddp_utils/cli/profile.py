@@ -1,8 +1,8 @@
 """Profile a model from the command line: parameters, FLOPs, forward/backward time and memory.
 
-    python -m ddp_utils.cli.profile --cfg yolov5s.yaml --imgsz 640 --batch-size 1 --device cpu
-    python -m ddp_utils.cli.profile --torchvision resnet18 --imgsz 224 --device cpu,0
-    torchrun --nproc_per_node 4 -m ddp_utils.cli.profile --cfg yolov5s.yaml --device 0,1,2,3 --repeats 20
+    python -m ddp_utils profile --cfg yolov5s.yaml --imgsz 640 --batch-size 1 --device cpu   # or: ddp-profile ...
+    python -m ddp_utils profile --torchvision resnet18 --imgsz 224 --device cpu,0
+    torchrun --nproc_per_node 4 -m ddp_utils profile --cfg yolov5s.yaml --device 0,1,2,3 --repeats 20
 
 A single process profiles on every device named in ``--device`` (one row each). Under
 torchrun every rank profiles on its own device and rank 0 prints one table with a row per
@@ -27,9 +27,9 @@ from ..profiling import example_input, flops, format_table, gather_rows, model_i
 from ..profiling import profile as profile_ops
 
 
-def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_opt(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils profile") -> argparse.Namespace:
     """Parse the command line; argparse exits with a message naming the bad option."""
-    parser = argparse.ArgumentParser(prog="ddp-profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--cfg", help="detector yaml, e.g. yolov5s.yaml (bare names resolve to configs/models/)")
     source.add_argument("--torchvision", metavar="NAME", help="a torchvision model, e.g. resnet18 (no weights)")
@@ -97,9 +97,9 @@ def run(opt: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``ddp-profile`` and ``python -m ddp_utils.cli.profile``."""
-    opt = parse_opt(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils profile") -> int:
+    """``python -m ddp_utils profile`` (``ddp-profile``); exit 2 with one line on bad input."""
+    opt = parse_opt(argv, prog)
     set_logging(verbose=False)  # the CLI prints its summary itself; warnings still show
     try:
         run(opt)
@@ -109,7 +109,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         cleanup()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

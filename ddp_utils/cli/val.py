@@ -1,8 +1,8 @@
 """Score a checkpoint on a dataset without training: YOLOv5 val's table, speed line and COCO json.
 
-    python -m ddp_utils.val --weights runs/train/exp/weights/best.pt --data shapes.yaml
-    python -m ddp_utils.val --weights yolov5s.pt --data coco128.yaml --save-json --verbose
-    torchrun --nproc_per_node 2 -m ddp_utils.val --weights best.pt --data shapes.yaml --device cpu
+    python -m ddp_utils val --weights runs/train/exp/weights/best.pt --data shapes.yaml   # or: ddp-val ...
+    python -m ddp_utils val --weights yolov5s.pt --data coco128.yaml --save-json --verbose
+    torchrun --nproc_per_node 2 -m ddp_utils val --weights best.pt --data shapes.yaml --device cpu
 
 The weights are ours or YOLOv5's (read without running its pickle). Under torchrun each rank
 validates its exactly-once shard of the split; rank 0 gathers every image's detections, prints
@@ -50,9 +50,9 @@ class UsageError(ValueError):
     """Bad input from the command line (a missing file, classes that do not match): exit 2."""
 
 
-def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_opt(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils val") -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m ddp_utils.val", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = parser.add_argument
     add("--weights", required=True, help="checkpoint: ours (best.pt, last.pt) or YOLOv5's")
@@ -233,9 +233,9 @@ def validate(opt: argparse.Namespace, device: torch.device, info: du.DistInfo) -
     return metrics
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m ddp_utils.val``: 0 when scored, 2 with one line on bad input."""
-    opt = parse_opt(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils val") -> int:
+    """``python -m ddp_utils val`` (``ddp-val``): 0 when scored, 2 with one line on bad input."""
+    opt = parse_opt(argv, prog)
     info = du.dist_info()
     du.set_logging(info.rank)
     try:
@@ -254,7 +254,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,8 +2,8 @@
 
 What lives where:
 
-- ``config.py``: the data yaml (load, resolve paths, check), hyperparameter yamls, ``hyp_value``;
-  ``download.py``: fetching a dataset its yaml names (zip URLs, trusted generators).
+- ``config.py``: the data yaml (load, resolve paths, check); ``download.py``: fetching a dataset its
+  yaml names (zip URLs, trusted generators).
 - ``labels.py``: find images and verify their labels, ``load_labels``; ``label_cache.py``: the label
   cache (versioned, hashed, pickle-free).
 - ``headers.py``: image sizes from file headers, without decoding.
@@ -25,16 +25,17 @@ The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
 """
 
 from ..downloads import DownloadError
+from ..hyp import hyp_value, load_hyp  # the hyperparameter yaml, read by the data pipeline too
 from ..yamls import DataConfigError
 from .augment import letterbox
-from .class_weights import labels_to_class_weights, labels_to_image_weights
-from .config import check_dataset, datasets_dir, hyp_value, load_hyp
+from .class_weights import class_frequency, labels_to_class_weights, labels_to_image_weights
+from .config import check_dataset, datasets_dir
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
 from .loader import EpochLoader, create_dataloader, create_val_dataloader
 from .prefetch import DevicePrefetcher, images_to_float, to_device_batch
-from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
+from .samplers import EvalSampler, TrainSampler, WeightedTrainSampler
 from .synthetic import generate, make_shapes_dataset
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "DevicePrefetcher",
     "DownloadError",
     "EpochLoader",
-    "EpochSampler",
     "EvalSampler",
     "LabelSet",
     "SampleKey",
@@ -60,6 +60,7 @@ __all__ = [
     "images_to_float",
     "img2label_paths",
     "label_cache_path",
+    "class_frequency",
     "labels_to_class_weights",
     "labels_to_image_weights",
     "letterbox",

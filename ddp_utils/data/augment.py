@@ -4,10 +4,6 @@ Every random choice comes from an explicit ``rng: np.random.Generator``, so a sa
 augmentation is a function of its seed alone (see ``ddp_utils.seed.derive_seed``), never of
 global state, the worker that drew it or the rank. Boxes are pixel ``xyxy`` here; labels
 are ``[n, 5]`` arrays of (class, x1, y1, x2, y2). Hyperparameter names are YOLOv5's.
-
-The names that moved out (the warp to ``warp.py``, the box conversions to
-``ddp_utils.boxes``, ``rect_batch_shapes`` to ``dataset.py``, ``hyp_value`` to
-``config.py``) stay importable from here.
 """
 
 from __future__ import annotations
@@ -15,9 +11,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from ..boxes import xywhn_to_xyxy, xyxy_to_xywhn
-from .config import hyp_value
-from .warp import PAD_COLOR, box_candidates, mosaic4, perspective_matrix, random_perspective, transform_boxes
+from .warp import PAD_COLOR
 
 
 def letterbox(
@@ -147,29 +141,11 @@ def scale_boxes_hw(boxes: np.ndarray, ratio: tuple[float, float], pad: tuple[flo
     return out
 
 
-def __getattr__(name: str):
-    # rect_batch_shapes lives with the dataset, which imports this module: looked up on first use
-    if name == "rect_batch_shapes":
-        from .dataset import rect_batch_shapes
-
-        return rect_batch_shapes
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
-    "PAD_COLOR",
     "augment_hsv",
-    "box_candidates",
     "flip_lr",
     "flip_ud",
-    "hyp_value",
     "letterbox",
     "mixup",
-    "mosaic4",
-    "perspective_matrix",
-    "random_perspective",
     "scale_boxes_hw",
-    "transform_boxes",
-    "xywhn_to_xyxy",
-    "xyxy_to_xywhn",
 ]

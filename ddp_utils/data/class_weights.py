@@ -23,6 +23,19 @@ def _class_counts(labels: np.ndarray, nc: int) -> np.ndarray:
     return np.bincount(classes, minlength=nc)[:nc] if len(classes) else np.zeros(nc, np.int64)
 
 
+def class_frequency(labels: Sequence[np.ndarray], nc: int) -> torch.Tensor:
+    """Count the objects of each class in a dataset's labels (rows ``class x y w h``), as floats.
+
+    What ``Model.initialize_biases`` starts the head's class biases from.
+
+    Examples:
+        >>> class_frequency([np.array([[0, .5, .5, .1, .1], [2, .5, .5, .1, .1]]), np.zeros((0, 5))], nc=3)
+        tensor([1., 0., 1.])
+    """
+    rows = np.concatenate([lb for lb in labels if len(lb)] or [np.zeros((0, 5))])
+    return torch.from_numpy(np.bincount(rows[:, 0].astype(int), minlength=nc)).float()
+
+
 def labels_to_class_weights(labels: Sequence[np.ndarray] | None, nc: int = 80) -> torch.Tensor:
     """Inverse class frequencies over a dataset's labels, normalised to sum to 1.
 
@@ -69,4 +82,4 @@ def labels_to_image_weights(
     return (counts * cw[None]).sum(1)
 
 
-__all__ = ["labels_to_class_weights", "labels_to_image_weights"]
+__all__ = ["class_frequency", "labels_to_class_weights", "labels_to_image_weights"]

@@ -1,4 +1,4 @@
-"""Data yamls and hyperparameter yamls: load, resolve paths, check, and fetch missing data.
+"""Data yamls: load, resolve paths, check, and fetch missing data (hyperparameter yamls: ``ddp_utils.hyp``).
 
 A data yaml in the YOLOv5/Ultralytics format names a dataset root ``path``, the splits
 ``train``, ``val`` and ``test`` (each a directory, a ``.txt`` list of images, or a list of
@@ -28,7 +28,6 @@ Members with absolute paths or ``..`` are refused before anything is written.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +83,16 @@ def _normalise_names(data: dict[str, Any], where: str) -> dict[int, str]:
     return {i: str(mapping[i]) for i in sorted(mapping)}
 
 
+def _user_path(value: str, key: str, where: str) -> Path:
+    """A path from the yaml, ``~`` expanded; one that cannot name a file is a :class:`DataConfigError`."""
+    if "\x00" in value:  # the OS refuses it with a ValueError far from the yaml
+        raise DataConfigError(f"{where}: key '{key}' has a NUL character: {value!r}")
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # "~someone" with no such user
+        raise DataConfigError(f"{where}: key '{key}': {value!r} names no home directory") from None
+
+
 def _resolve_root(data: dict[str, Any], yaml_file: Path | None, where: str) -> Path:
     raw = data.get("path")
     base = yaml_file.parent if yaml_file is not None else Path.cwd()
@@ -91,7 +100,7 @@ def _resolve_root(data: dict[str, Any], yaml_file: Path | None, where: str) -> P
         return base.resolve()
     if not isinstance(raw, str):
         raise DataConfigError(f"{where}: key 'path' must be a string, got {raw!r}")
-    path = Path(raw).expanduser()
+    path = _user_path(raw, "path", where)
     if path.is_absolute():
         return path
     beside = (base / path).resolve()
@@ -111,7 +120,7 @@ def _resolve_split(value: Any, root: Path, key: str, where: str) -> str | list[s
     items = value if isinstance(value, list) else [value]
     if not all(isinstance(item, str) and item for item in items):
         raise DataConfigError(f"{where}: key '{key}' must be a path or a list of paths, got {value!r}")
-    resolved = [str(root / Path(item).expanduser()) for item in items]
+    resolved = [str(root / _user_path(item, key, where)) for item in items]
     return resolved if isinstance(value, list) else resolved[0]
 
 
@@ -180,37 +189,3 @@ def check_dataset(data: str | Path | dict[str, Any], autodownload: bool = True) 
         hint = "autodownload is off" if content.get("download") else "there is no 'download' key to fetch it"
         raise FileNotFoundError(f"{where}: key '{key}': {path} does not exist ({hint})")
     return content
-
-
-def load_hyp(name_or_path: str | Path) -> dict[str, Any]:
-    """Load a hyperparameter yaml: a bare name resolves to the shipped ``configs/hyps/``.
-
-    Args:
-        name_or_path: "hyp.scratch-low.yaml", "hyp.shapes" (suffix optional) or a path.
-
-    Returns:
-        The hyperparameters as a dict of numbers, in file order.
-
-    Raises:
-        FileNotFoundError: no such file, shipped or given.
-        DataConfigError: the file is not a mapping of numbers; names the file and key.
-
-    Examples:
-        >>> hyp = load_hyp("hyp.scratch-low.yaml")
-        >>> hyp["lr0"], hyp["mosaic"]
-        (0.01, 1.0)
-    """
-    file = find_yaml("configs/hyps", name_or_path)
-    hyp = read_yaml(file)
-    for key, value in hyp.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise DataConfigError(f"{file}: key '{key}' must be a number, got {value!r}")
-    return hyp
-
-
-def hyp_value(hyp: Mapping[str, float] | None, key: str, default: float = 0.0) -> float:
-    """A hyperparameter, or ``default`` when it or the whole dict is missing."""
-    if not hyp:
-        return default
-    value = hyp.get(key, default)
-    return default if value is None else float(value)

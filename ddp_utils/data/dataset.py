@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..boxes import xywhn_to_xyxy, xyxy_to_xywhn
+from ..boxes import xywhn2xyxy, xyxy2xywhn
+from ..hyp import hyp_value
 from ..seed import derive_seed
 from ..yamls import DataConfigError
 from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
-from .config import hyp_value
 from .image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from .images import load_image, read_image, resized_shape
 from .warp import mosaic4, random_perspective
@@ -291,7 +291,7 @@ class YoloDataset(Dataset):
     def _pixel_labels(self, i: int, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
         labels = self.labels[i].copy()
         if len(labels):
-            labels[:, 1:] = xywhn_to_xyxy(labels[:, 1:], w, h, padw, padh)
+            labels[:, 1:] = xywhn2xyxy(labels[:, 1:], w, h, padw, padh)
         return labels
 
     def load_mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -351,7 +351,11 @@ class YoloDataset(Dataset):
                 img, labels = mixup(img, labels, img2, labels2, rng)
         else:
             img, labels, shapes = self._letterboxed(index, key.batch, rng)
-        boxes = xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0]) if len(labels) else np.zeros((0, 4))
+        boxes = (
+            xyxy2xywhn(np.asarray(labels[:, 1:5], np.float32), img.shape[1], img.shape[0], clip=True, eps=1e-3)
+            if len(labels)
+            else np.zeros((0, 4))
+        )
         if self.augment:
             if not img.flags.writeable:
                 img = img.copy()

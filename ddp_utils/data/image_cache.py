@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 
 from ..distributed import launch_key
+from ..host import disk_free, mem_available
 from ..log import LOGGER
 from .headers import jpeg_header
 from .images import read_image, resize_long_side, resized_shape, simplejpeg
@@ -34,24 +35,6 @@ CACHE_MODES = ("ram", "disk")
 _SHM_DIR = Path("/dev/shm")
 _BUFFER_PREFIX = "ddp_utils_images_"
 _HEADROOM = 1.1  # keep this much more free than the cache needs, for everything else
-
-
-def mem_available() -> int | None:
-    """Bytes of memory available to new allocations (MemAvailable), None when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def disk_free(directory: str | Path) -> int:
-    """Bytes free for an unprivileged user in the file system holding ``directory``."""
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
 
 
 def normalize_cache(cache: bool | str | None) -> str | None:

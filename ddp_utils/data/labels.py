@@ -20,27 +20,24 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from ..log import LOGGER
-from ..progress import progress
 from .headers import ORIENTATION_TAG, TRANSPOSED_ORIENTATIONS, fast_image_size
 from .label_cache import (
     _MEMORY_CACHE,
     CACHE_SUFFIX,
-    CACHE_VERSION,
     _describe,
     _files_hash,
     _read_cache,
     _write_cache,
 )
+from .label_scan import scan
 
 IMG_FORMATS = ("bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp")
 MIN_IMAGE_SIDE = 10
@@ -319,80 +316,6 @@ def _verify(pair: tuple[str, str]) -> tuple:
     return status, boxes, polygons, shape, duplicates, message
 
 
-# --- the scan -----------------------------------------------------------------------------------
-
-
-_PROBE = 64  # files verified first in the calling thread, to see whether the scan waits on I/O
-
-
-def _runqueue_seconds() -> float:
-    """Seconds this thread has spent runnable but waiting for a CPU (Linux's schedstat; 0 elsewhere)."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def _verified(pairs: list[tuple[str, str]], workers: int) -> Iterator[tuple]:
-    """:func:`_verify` over ``pairs``, in order: in this thread, or ``workers`` threads when it pays.
-
-    Verifying a local, cached file is Python work, which threads only slow down (they
-    contend for the GIL: 8 threads took 2-3x one thread's time here). Waiting for a
-    network file system or a cold disk is what threads overlap. The first files tell
-    which it is: threads when most of their time went to waiting for files (not to the CPU,
-    nor to waiting for a CPU that other processes keep busy).
-    """
-    wall, cpu, queued = time.perf_counter(), time.thread_time(), _runqueue_seconds()
-    for pair in pairs[:_PROBE]:
-        yield _verify(pair)
-    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    waited = wall - (_runqueue_seconds() - queued)  # time waiting for a busy CPU is not time waiting for files
-    rest = pairs[_PROBE:]
-    if workers > 1 and rest and waited > 2 * cpu:
-        with ThreadPool(min(workers, len(rest))) as pool:
-            yield from pool.imap(_verify, rest, chunksize=16)
-    else:
-        for pair in rest:
-            yield _verify(pair)
-
-
-def _scan(im_files: list[str], label_files: list[str], prefix: str, workers: int, desc: str) -> dict:
-    counts = {"found": 0, "missing": 0, "empty": 0, "corrupt": 0, "duplicates": 0}
-    kept_images, kept_labels, labels, shapes, segments, messages = [], [], [], [], [], []
-    show = LOGGER.isEnabledFor(logging.INFO)
-    results = _verified(list(zip(im_files, label_files)), workers)
-    bar = progress(len(im_files), desc=desc, mode=None if show else "off", leave=True)
-    for im_file, lb_file, (status, boxes, polygons, shape, duplicates, message) in zip(im_files, label_files, results):
-        counts[status] += 1
-        counts["duplicates"] += duplicates
-        if message:
-            messages.append(prefix + message)
-        if status != "corrupt":
-            kept_images.append(im_file)
-            kept_labels.append(lb_file)
-            labels.append(boxes)
-            shapes.append(shape)
-            segments.append(polygons)
-        bar.set_description(
-            f"{desc} {counts['found']} found, {counts['missing']} missing, "
-            f"{counts['empty']} empty, {counts['corrupt']} corrupt",
-            refresh=False,
-        )
-        bar.update(1)  # after the item, so the bar ends at n/n
-    bar.close()
-    return {
-        "version": CACHE_VERSION,
-        "im_files": kept_images,
-        "label_files": kept_labels,
-        "labels": labels,
-        "shapes": np.array(shapes, np.int64).reshape(-1, 2),
-        "segments": segments,
-        "counts": counts,
-        "messages": messages,
-    }
-
-
 def _report(messages: list[str], level: int, limit: int = 30) -> None:
     for message in messages[:limit]:
         LOGGER.log(level, message)
@@ -416,7 +339,7 @@ def load_labels(
         im_files: image paths (e.g. from :func:`find_images`).
         cache_path: the cache file; None puts it beside the labels (:func:`label_cache_path`).
         prefix: put in front of log lines and messages (e.g. ``"train: "``).
-        workers: threads that verify files when the file system makes them wait (see :func:`_verified`).
+        workers: threads that verify files when the file system makes them wait (``label_scan.verified``).
 
     Returns:
         A :class:`LabelSet` of the verified images.
@@ -436,7 +359,7 @@ def load_labels(
     result = memory[1] if memory is not None and memory[0] == files_hash else _read_cache(cache_path, files_hash)
     if result is None:
         loaded = False
-        result = _scan(im_files, label_files, prefix, workers, desc=f"{prefix}scanning {cache_path.parent}")
+        result = scan(im_files, label_files, _verify, prefix, workers, desc=f"{prefix}scanning {cache_path.parent}")
         result["hash"] = files_hash
         written = _write_cache(cache_path, result)
 

@@ -27,14 +27,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..distributed import dist_info, get_rank, get_world_size, is_dist_initialized, torch_distributed_zero_first
+from ..host import disk_free
 from ..log import LOGGER
 from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset
-from .image_cache import disk_free
 from .labels import find_images, label_cache_path, load_labels
-from .samplers import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
+from .samplers import EvalSampler, TrainSampler, WeightedTrainSampler
 from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack
-from .workers import _init_worker, default_workers, init_worker, usable_cores
+from .workers import default_workers, init_worker, usable_cores
 
 Sampler = TrainSampler | WeightedTrainSampler | EvalSampler
 
@@ -117,11 +117,6 @@ class EpochLoader:
         self._position: tuple[int, int] | None = None  # (epoch, batches taken) of the running stream
         self._stale = False
         self._indices_version = getattr(dataset, "indices_version", 0)
-
-    @property
-    def rank(self) -> int:
-        """The global rank (the name it had)."""
-        return self.global_rank
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -256,22 +251,54 @@ def _workers(workers: int | None, batch_size: int, prefix: str = "") -> int:
     return n
 
 
-def _group() -> tuple[int, int]:
-    if is_dist_initialized():
-        return get_rank(), get_world_size()
-    return -1, 1
+def _build(  # noqa: PLR0913 (the two public builders' arguments, passed on)
+    path,
+    imgsz: int,
+    batch_size: int,
+    stride: int,
+    rank: int,
+    workers: int | None,
+    prefix: str,
+    *,
+    collate,
+    evaluate: bool,
+    shuffle: bool,
+    seed: int,
+    **dataset_kwargs,
+) -> tuple[EpochLoader, YoloDataset]:
+    """The dataset (built once per node) and its loader, sharded over the process group.
 
-
-def _build_dataset(path, local_rank: int, prefix: str, **kwargs) -> YoloDataset:
+    Training gets padded shards (every rank the same number of batches), evaluation exact ones.
+    """
     # Inside zero_first: the node's first process scans the labels and writes the label
     # cache (and the RAM image cache); the others then read what it wrote.
-    with torch_distributed_zero_first(local_rank):
+    with torch_distributed_zero_first(rank):
         im_files = find_images(path, prefix)
         label_set = load_labels(im_files, label_cache_path(im_files), prefix=prefix)
-        dataset = YoloDataset(label_set, prefix=prefix, local_rank=local_rank, **kwargs)
+        dataset = YoloDataset(
+            label_set,
+            prefix=prefix,
+            local_rank=rank,
+            imgsz=imgsz,
+            batch_size=batch_size,
+            stride=int(stride),
+            seed=seed,
+            **dataset_kwargs,
+        )
     dataset.label_cache_written = label_set.cache_written
     dataset.label_cache_loaded = label_set.cache_loaded
-    return dataset
+    sharded = rank != -1 and is_dist_initialized()
+    global_rank, world_size = (get_rank(), get_world_size()) if sharded else (-1, 1)
+    if evaluate:
+        sampler = EvalSampler(len(dataset), batch_size, global_rank, world_size)
+    else:
+        sampler = TrainSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed)
+    if dataset_kwargs.get("rect"):
+        dataset.set_batches(sampler.rect_batches())
+    n_workers = _workers(workers, batch_size, prefix)
+    pin = torch.cuda.is_available()
+    loader = EpochLoader(dataset, sampler, collate, n_workers, pin_memory=pin, seed=seed, global_rank=global_rank)
+    return loader, dataset
 
 
 def create_dataloader(
@@ -326,42 +353,11 @@ def create_dataloader(
             f"{prefix}image_weights=True is not supported with DDP (rank {rank}): "
             "each rank would draw its own weighted sample; train without image weights"
         )
-    dataset = _build_dataset(
-        path,
-        rank,
-        prefix,
-        imgsz=imgsz,
-        batch_size=batch_size,
-        augment=augment,
-        hyp=hyp,
-        rect=rect,
-        image_weights=image_weights,
-        cache=cache,
-        single_cls=single_cls,
-        stride=int(stride),
-        pad=pad,
-        seed=seed,
-    )
     collate = YoloDataset.collate_fn4 if quad else YoloDataset.collate_fn
-    loader = _loader(dataset, batch_size, rank, workers, collate, rect, shuffle=shuffle, seed=seed, evaluate=False,
-                     prefix=prefix)  # fmt: skip
-    return loader, dataset
-
-
-def _loader(dataset: YoloDataset, batch_size: int, local_rank: int, workers: int | None, collate, rect: bool, *,
-            shuffle: bool, seed: int, evaluate: bool, prefix: str) -> EpochLoader:  # fmt: skip
-    """Shard ``dataset`` over the process group (padded shards for training, exact ones for evaluation)."""
-    global_rank, world_size = _group() if local_rank != -1 else (-1, 1)
-    if evaluate:
-        sampler = EvalSampler(len(dataset), batch_size, global_rank, world_size)
-    else:
-        sampler = TrainSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed)
-    if rect:
-        dataset.set_batches(sampler.rect_batches())
-    return EpochLoader(
-        dataset, sampler, collate, _workers(workers, batch_size, prefix), pin_memory=torch.cuda.is_available(),
-        seed=seed, global_rank=global_rank,
-    )  # fmt: skip
+    dataset_kwargs = dict(augment=augment, hyp=hyp, rect=rect, image_weights=image_weights, cache=cache, pad=pad)
+    where = (path, imgsz, batch_size, stride, rank, workers, prefix)
+    options = dict(collate=collate, evaluate=False, shuffle=shuffle, seed=seed, single_cls=single_cls)
+    return _build(*where, **options, **dataset_kwargs)
 
 
 def create_val_dataloader(
@@ -383,33 +379,9 @@ def create_val_dataloader(
     Arguments as :func:`create_dataloader`; no augmentation, no shuffle. A rank may get one
     batch fewer than another (or none when there are fewer images than ranks).
     """
-    dataset = _build_dataset(
-        path,
-        rank,
-        prefix,
-        imgsz=imgsz,
-        batch_size=batch_size,
-        augment=False,
-        hyp=hyp,
-        rect=rect,
-        cache=cache,
-        single_cls=single_cls,
-        stride=int(stride),
-        pad=pad,
-    )
-    loader = _loader(dataset, batch_size, rank, workers, YoloDataset.collate_fn, rect, shuffle=False, seed=0,
-                     evaluate=True, prefix=prefix)  # fmt: skip
-    return loader, dataset
+    dataset_kwargs = dict(augment=False, hyp=hyp, rect=rect, cache=cache, single_cls=single_cls, pad=pad)
+    where = (path, imgsz, batch_size, stride, rank, workers, prefix)
+    return _build(*where, collate=YoloDataset.collate_fn, evaluate=True, shuffle=False, seed=0, **dataset_kwargs)
 
 
-__all__ = [  # the samplers and the worker start-up moved out; their old names still import from here
-    "EpochLoader",
-    "EpochSampler",
-    "EvalSampler",
-    "TrainSampler",
-    "WeightedTrainSampler",
-    "_init_worker",
-    "create_dataloader",
-    "create_val_dataloader",
-    "init_worker",
-]
+__all__ = ["EpochLoader", "create_dataloader", "create_val_dataloader"]

@@ -214,26 +214,4 @@ class EvalSampler(_ShardedSampler):
         super().__init__(n, batch_size, global_rank, world_size, seed)
 
 
-def EpochSampler(  # noqa: N802  (the class it was; kept so that old code builds the right sampler)
-    n: int,
-    batch_size: int,
-    rank: int = -1,
-    world_size: int = 1,
-    shuffle: bool = False,
-    seed: int = 0,
-    pad: bool = True,
-) -> TrainSampler | EvalSampler:
-    """The former one-class sampler: a :class:`TrainSampler` (``pad=True``) or an :class:`EvalSampler`.
-
-    ``rank`` is the global rank.
-
-    Examples:
-        >>> type(EpochSampler(10, 4, pad=False)).__name__
-        'EvalSampler'
-    """
-    if pad:
-        return TrainSampler(n, batch_size, rank, world_size, shuffle, seed)
-    return EvalSampler(n, batch_size, rank, world_size, seed)
-
-
-__all__ = ["EpochSampler", "EvalSampler", "TrainSampler", "WeightedTrainSampler"]
+__all__ = ["EvalSampler", "TrainSampler", "WeightedTrainSampler"]

@@ -79,9 +79,6 @@ def _outlive_group_sigterm() -> None:
     threading.Thread(target=take_sigterm, name="ddp_utils-sigterm", daemon=True).start()
 
 
-_init_worker = init_worker  # the name it had in loader.py
-
-
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask; the CPU count where that is unknown)."""
     try:

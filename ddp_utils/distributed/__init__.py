@@ -18,7 +18,7 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
   group's store with a heartbeat instead of barriers.
 - ``errors.py``: :func:`exit_usage_error` (a user's mistake: one line per node, named in
   torchrun's failure report through its error file, exit code 2), :func:`record_error_for_launcher`.
-- ``parallel.py``: :func:`is_parallel`, :func:`de_parallel` (alias :func:`unwrap_model`).
+- ``parallel.py``: :func:`is_parallel`, :func:`de_parallel`.
 - ``sync_batchnorm.py``: :func:`convert_sync_batchnorm` / :func:`revert_sync_batchnorm` and
   :class:`GroupBatchNorm`: BatchNorm over the whole group's batch on any backend (``--sync-bn``).
 """
@@ -49,15 +49,11 @@ from .group import (
     is_dist_initialized,
     is_main_process,
 )
-
-# the private names that ddp_utils.distributed had before it became a package, for code that imports them
-from .group import collective_device as _collective_device  # noqa: F401
-from .parallel import de_parallel, is_parallel, unwrap_model
+from .parallel import de_parallel, is_parallel
 from .sync_batchnorm import GroupBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
 from .zero_first import (
     HEARTBEAT_S,
     RankFailedError,
-    _default_store,  # noqa: F401
     torch_distributed_rank_zero_first,
     torch_distributed_zero_first,
 )
@@ -103,5 +99,4 @@ __all__ = [
     "revert_sync_batchnorm",
     "torch_distributed_rank_zero_first",
     "torch_distributed_zero_first",
-    "unwrap_model",
 ]

@@ -48,6 +48,3 @@ def de_parallel(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
-
-
-unwrap_model = de_parallel

@@ -3,12 +3,16 @@
 What lives where:
 
 - ``loop.py``: :func:`train_one_epoch` and :class:`TrainStep` (accumulation without needless
-  all-reduces, AMP, timing without host waits), class-bias init.
+  all-reduces, AMP, timing without host waits).
 - ``ema.py``: :class:`ModelEMA`, updated with multi-tensor kernels.
 - ``checkpoint_io.py``: the checkpoint format, atomic saves and pickle-free loads; ``checkpointer.py``:
   :class:`Checkpointer`, which owns a run's last/best/epochN; ``strip.py``: ``strip_optimizer``;
-  ``resume.py``: ``restore_training``, ``latest_checkpoint``.
+  ``resume.py``: ``restore_training``, ``latest_checkpoint``; ``pretrained.py``: reading ours or YOLOv5's.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
+  ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
+- ``run.py``: one training run: what ``--resume`` continues (:func:`find_resume`, checked before
+  any write), the settled options (:class:`Run`), the run directory; ``run_report.py``: the epoch
+  line and its parser, the first batches' plots, the finished run's last words.
 - ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> save and stop).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
@@ -36,10 +40,10 @@ from .checkpoint_io import (
     to_plain,
 )
 from .checkpointer import Checkpointer
-from .early_stop import EarlyStopping, should_stop_everywhere
+from .early_stop import EarlyStopping
 from .ema import ModelEMA
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
-from .loop import EpochStats, TrainStep, class_frequency, init_class_biases, train_one_epoch
+from .loop import EpochStats, TrainStep, train_one_epoch
 from .memory_format import to_channels_last, use_channels_last
 from .optim import (
     NBS,
@@ -66,9 +70,7 @@ __all__ = [
     "TrainStep",
     "autobatch",
     "check_train_batch_size",
-    "class_frequency",
     "fit_batch_size",
-    "init_class_biases",
     "resolve_amp",
     "to_channels_last",
     "train_one_epoch",
@@ -110,7 +112,6 @@ __all__ = [
     "results_values",
     "save_checkpoint",
     "scaled_weight_decay",
-    "should_stop_everywhere",
     "smart_optimizer",
     "strip_optimizer",
     "tensorboard_writer",

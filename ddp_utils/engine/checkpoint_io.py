@@ -346,7 +346,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
                 f"checkpoint {path} contains arbitrary Python objects{_unsupported_global(str(exc))}, "
                 "not only tensors and plain values, so it was not loaded: unpickling it could run code. "
                 "A YOLOv5 checkpoint is read without running it by ddp_utils.yolo.read_yolov5_checkpoint "
-                "(train.py --weights takes it; python -m ddp_utils.convert converts it); for any other file "
+                "(train.py --weights takes it; python -m ddp_utils convert converts it); for any other file "
                 "you trust, load_checkpoint(path, trusted=True)."
             ) from None
         unsafe = exc

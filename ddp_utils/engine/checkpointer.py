@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..distributed import is_main_process
+from ..log import LOGGER
 from .checkpoint_io import atomic_write_bytes, build_checkpoint, check_plain, to_plain
 
 
@@ -104,3 +105,26 @@ class Checkpointer:
         torch.save(ckpt, buffer)
         data = buffer.getvalue()
         return [atomic_write_bytes(data, path) for path in self.targets(epoch, best, periodic)]
+
+    def save_interrupted(
+        self,
+        epoch: int,
+        model: nn.Module,
+        ema: Any,
+        optimizer: torch.optim.Optimizer | None = None,
+        scaler: Any | None = None,
+        best_fitness: float = 0.0,
+    ) -> list[Path]:
+        """Save after a signal stopped ``epoch`` midway: to last.pt, as epoch ``epoch - 1``, so a resume redoes it.
+
+        Every rank may call it (only the main process writes); each logs how to continue.
+
+        Returns:
+            The paths written (empty on other ranks).
+        """
+        written = self.save(epoch - 1, model, ema, optimizer, scaler, best_fitness, periodic=False)
+        LOGGER.warning(
+            f"stopped by a signal during epoch {epoch + 1}: saved {self.last}; "
+            f"continue with: python train.py --resume {self.last}"
+        )
+        return written

@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 
-from ..distributed import any_rank
 from ..log import LOGGER
 
 
@@ -72,16 +71,3 @@ def _as_float(fitness: Any) -> float:
     if values.size != 1:
         raise ValueError(f"EarlyStopping: fitness must be one number or a one-element array, got shape {values.shape}")
     return float(values.reshape(()))
-
-
-def should_stop_everywhere(stop: bool) -> bool:
-    """True on every rank when any rank decided to stop (a collective: every rank must call it).
-
-    Every rank validates the same gathered predictions, so their decisions agree; the
-    collective makes them leave the epoch loop together all the same.
-
-    Examples:
-        >>> should_stop_everywhere(True)  # single process: the local decision
-        True
-    """
-    return any_rank(bool(stop))

@@ -13,47 +13,19 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..data.multiscale import multi_scale_resize
 from ..data.prefetch import images_to_float
-from ..distributed.parallel import de_parallel
 from ..progress import progress, progress_mode
 from .amp import AMP_DTYPES
 from .ema import ModelEMA
 from .optim import Warmup
-
-
-def class_frequency(labels: Sequence[np.ndarray], nc: int) -> torch.Tensor:
-    """Count the objects of each class in a dataset's labels (rows ``class x y w h``).
-
-    Examples:
-        >>> class_frequency([np.array([[0, .5, .5, .1, .1], [2, .5, .5, .1, .1]]), np.zeros((0, 5))], nc=3)
-        tensor([1., 0., 1.])
-    """
-    rows = np.concatenate([lb for lb in labels if len(lb)] or [np.zeros((0, 5))])
-    return torch.from_numpy(np.bincount(rows[:, 0].astype(int), minlength=nc)).float()
-
-
-def init_class_biases(model: nn.Module, labels: Sequence[np.ndarray], nc: int, **ema_kwargs: Any) -> ModelEMA:
-    """Start the head's class biases at the dataset's class frequencies and return a new EMA of the model.
-
-    The EMA is made afresh so that it, too, starts from the initialised biases.
-
-    Args:
-        model: a detection model with ``initialize_biases`` (wrappers are looked through).
-        labels: the training set's labels, one ``[n, 5]`` array per image.
-        nc: the number of classes.
-        ema_kwargs: passed to :class:`ModelEMA`.
-    """
-    de_parallel(model).initialize_biases(class_frequency(labels, nc))
-    return ModelEMA(de_parallel(model), **ema_kwargs)
 
 
 @dataclass

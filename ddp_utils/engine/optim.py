@@ -167,38 +167,22 @@ class one_cycle:  # noqa: N801 - YOLOv5's name and call form
 
     ``one_cycle(1, lrf, epochs)`` is the schedule YOLOv5's train.py builds for ``--cos-lr``, the same
     as :class:`cosine_lr` ``(lrf, epochs)``. A callable object rather than YOLOv5's lambda, so that
-    ``LambdaLR.state_dict()`` saves it. The keyword form ``one_cycle(lrf=..., epochs=...)`` (when
-    ``one_cycle`` was our alias of :class:`cosine_lr`) still works; two positional arguments now
-    mean YOLOv5's ``(y1, y2)``.
+    ``LambdaLR.state_dict()`` saves it.
 
     Args:
         y1: the value at 0.
         y2: the value at ``steps``.
         steps: the length of the ramp (epochs).
-        lrf: with ``epochs``: our former form, the same as ``one_cycle(1.0, lrf, epochs)``.
-        epochs: see ``lrf``.
 
     Examples:
         >>> lf = one_cycle(1, 0.01, 100)
         >>> lf(0), round(lf(50), 3), round(lf(100), 6)
         (1.0, 0.505, 0.01)
-        >>> one_cycle()(100), one_cycle(lrf=0.01, epochs=10)(10) == cosine_lr(0.01, 10)(10)
-        (1.0, True)
+        >>> one_cycle(1, 0.01, 10)(10) == cosine_lr(0.01, 10)(10)
+        True
     """
 
-    def __init__(
-        self,
-        y1: float = 0.0,
-        y2: float = 1.0,
-        steps: int = 100,
-        *,
-        lrf: float | None = None,
-        epochs: int | None = None,
-    ) -> None:
-        if lrf is not None or epochs is not None:
-            if lrf is None or epochs is None:
-                raise TypeError("one_cycle(lrf=..., epochs=...) needs both; or YOLOv5's form one_cycle(y1, y2, steps)")
-            y1, y2, steps = 1.0, lrf, epochs
+    def __init__(self, y1: float = 0.0, y2: float = 1.0, steps: int = 100) -> None:
         if steps <= 0:
             raise ValueError(f"one_cycle steps={steps}: must be > 0")
         self.y1, self.y2, self.steps = float(y1), float(y2), steps

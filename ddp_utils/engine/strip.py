@@ -73,7 +73,7 @@ def _own_module_classes(path: Path) -> list[Any]:
             raise UnsafeCheckpointError(
                 f"checkpoint {path} pickles {name}, which is not a ddp_utils or torch.nn module, so it was "
                 "not loaded: unpickling it could run code. A YOLOv5 checkpoint converts with "
-                "`python -m ddp_utils.convert`; a file you trust loads with load_checkpoint(path, trusted=True)."
+                "`python -m ddp_utils convert`; a file you trust loads with load_checkpoint(path, trusted=True)."
             )
         allowed.append(obj)
     if any(name.startswith("numpy.") for name in needed):
@@ -126,9 +126,6 @@ def strip_optimizer(
     f: str | Path = "best.pt",
     s: str | Path | None = "",
     half: bool = True,
-    *,
-    path: str | Path | None = None,
-    out: str | Path | None = None,
 ) -> Path | None:
     """Make a final, smaller checkpoint: drop the optimizer state, store fp16 weights (YOLOv5's call form).
 
@@ -145,8 +142,6 @@ def strip_optimizer(
         f: the checkpoint file.
         s: where to write; ``f`` itself when empty or None.
         half: convert floating-point weights to fp16.
-        path: our former name of ``f`` (keyword only).
-        out: our former name of ``s`` (keyword only).
 
     Returns:
         The written path, or None on other ranks.
@@ -156,8 +151,8 @@ def strip_optimizer(
         UnsafeCheckpointError: ``f`` pickles classes other than ddp_utils' and torch.nn's modules.
         CheckpointError: ``f`` has no model to strip.
     """
-    source = Path(path if path is not None else f)
-    target = Path(out or s or source)
+    source = Path(f)
+    target = Path(s or source)
     if not is_main_process():
         return None
     if _is_yolov5_checkpoint(source):

@@ -13,7 +13,7 @@ What lives where, one question per module:
 - ``table.py``: :func:`format_table` prints those rows.
 - ``inputs.py``: what a model is fed (:func:`example_input`); :func:`de_parallel` is :mod:`ddp_utils.distributed`'s.
 
-The command line (``ddp-profile``, ``python -m ddp_utils.cli.profile``) lives in
+The command line (``python -m ddp_utils profile``, ``ddp-profile``) lives in
 ``ddp_utils.cli.profile``.
 """
 

@@ -9,7 +9,7 @@ from .evaluate import evaluate
 from .finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
 from .head import detection_head
-from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_BCE, smooth_bce
+from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_BCE
 from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
 from .ops import (
@@ -63,7 +63,6 @@ __all__ = [
     "read_yolov5_checkpoint",
     "scale_boxes",
     "smooth_BCE",
-    "smooth_bce",
     "xywh2xyxy",
     "xywhn2xyxy",
     "xyxy2xywh",

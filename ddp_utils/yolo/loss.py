@@ -34,24 +34,16 @@ _REQUIRED_HYP = ("box", "obj", "cls", "cls_pw", "obj_pw", "anchor_t")
 _NEIGHBOURS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32)
 
 
-def smooth_bce(eps: float = 0.0) -> tuple[float, float]:
-    """Positive and negative BCE targets with label smoothing ``eps``.
-
-    Examples:
-        >>> smooth_bce(0.1)
-        (0.95, 0.05)
-    """
-    return 1.0 - 0.5 * eps, 0.5 * eps
-
-
 def smooth_BCE(eps: float = 0.1) -> tuple[float, float]:  # noqa: N802 (YOLOv5's name)
-    """YOLOv5's name and default (``eps=0.1``) for :func:`smooth_bce`.
+    """Positive and negative BCE targets with label smoothing ``eps`` (YOLOv5's name and default).
 
     Examples:
         >>> smooth_BCE()
         (0.95, 0.05)
+        >>> smooth_BCE(0.0)
+        (1.0, 0.0)
     """
-    return smooth_bce(eps)
+    return 1.0 - 0.5 * eps, 0.5 * eps
 
 
 class FocalLoss(nn.Module):
@@ -229,7 +221,7 @@ class ComputeLoss:
         gamma = float(hyp.get("fl_gamma", 0.0))
         if gamma > 0:
             self.bce_cls, self.bce_obj = FocalLoss(self.bce_cls, gamma), FocalLoss(self.bce_obj, gamma)
-        self.cls_pos, self.cls_neg = smooth_bce(float(hyp.get("label_smoothing", 0.0)))
+        self.cls_pos, self.cls_neg = smooth_BCE(float(hyp.get("label_smoothing", 0.0)))
         self.balance = list(self.balance_by_levels.get(detect.nl, [4.0, 1.0, 0.25, 0.06, 0.02]))
         self.autobalance = bool(autobalance)
         strides = [int(s) for s in detect.stride.tolist()]  # once, at construction

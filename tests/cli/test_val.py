@@ -1,4 +1,4 @@
-"""python -m ddp_utils.val end to end: real checkpoints, real processes, a tiny synthetic dataset, CPU only."""
+"""python -m ddp_utils val end to end: real checkpoints, real processes, a tiny synthetic dataset, CPU only."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def val_args(setup: dict[str, Path], *extra: str, weights: Path | None = None) -> list[str]:
     return [
-        "-m", "ddp_utils.val", "--weights", str(weights or setup["weights"]), "--data", str(setup["data"]),
+        "-m", "ddp_utils", "val", "--weights", str(weights or setup["weights"]), "--data", str(setup["data"]),
         "--imgsz", "96", "--device", "cpu", "--workers", "0", "--project", str(setup["root"] / "runs"), *extra,
     ]  # fmt: skip
 

@@ -6,21 +6,10 @@ import cv2
 import numpy as np
 import pytest
 
-from ddp_utils.data.augment import (
-    augment_hsv,
-    box_candidates,
-    flip_lr,
-    flip_ud,
-    letterbox,
-    mixup,
-    mosaic4,
-    perspective_matrix,
-    random_perspective,
-    rect_batch_shapes,
-    transform_boxes,
-    xywhn_to_xyxy,
-    xyxy_to_xywhn,
-)
+from ddp_utils.boxes import xywhn2xyxy, xyxy2xywhn
+from ddp_utils.data.augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
+from ddp_utils.data.dataset import rect_batch_shapes
+from ddp_utils.data.warp import box_candidates, mosaic4, perspective_matrix, random_perspective, transform_boxes
 
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
 
@@ -67,9 +56,9 @@ def test_letterbox_scaleup_false_never_enlarges():
 def test_flips_box_matches_pixels(flip):
     h, w = 120, 160
     img = canvas_with_rect(h, w, (10, 20, 60, 50))
-    boxes = xyxy_to_xywhn(np.array([[10, 20, 60, 50]], np.float32), w, h)
+    boxes = xyxy2xywhn(np.array([[10, 20, 60, 50]], np.float32), w, h, clip=True, eps=1e-3)
     out, flipped = flip(img, boxes)
-    np.testing.assert_allclose(pixel_box(out, COLOURS[0]), xywhn_to_xyxy(flipped, w, h)[0], atol=1)
+    np.testing.assert_allclose(pixel_box(out, COLOURS[0]), xywhn2xyxy(flipped, w, h)[0], atol=1)
     assert out.flags.c_contiguous
 
 

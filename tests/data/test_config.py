@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import yaml
 
-from ddp_utils.data.config import check_dataset, datasets_dir, load_hyp
+from ddp_utils.data.config import check_dataset, datasets_dir
 from ddp_utils.data.labels import find_images
 from ddp_utils.downloads import DownloadError
+from ddp_utils.hyp import load_hyp
 from ddp_utils.yamls import DataConfigError, asset_dir
 from tests.multiproc import describe, launch, records
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.data.loader import EpochSampler, create_dataloader, create_val_dataloader
+from ddp_utils.data.loader import create_dataloader, create_val_dataloader
+from ddp_utils.data.samplers import EvalSampler, TrainSampler
 from ddp_utils.data.synthetic import make_shapes_dataset
 from tests.multiproc import REPO_ROOT, describe, launch, records
 from tests.workers.data_scenarios import HYP
@@ -111,13 +112,13 @@ def test_val_loader_rect_no_augmentation(root):
 @pytest.mark.parametrize("n", [10, 11, 24])
 def test_samplers_shard_disjoint_and_cover(n):
     world = 3
-    train = [EpochSampler(n, 2, r, world, shuffle=True, seed=4) for r in range(world)]
+    train = [TrainSampler(n, 2, r, world, shuffle=True, seed=4) for r in range(world)]
     assert len({len(s) for s in train}) == 1  # every rank runs the same number of batches
     keys = [k for s in train for b in s.epoch_batches(5) for k in b]
     assert len({k.slot for k in keys}) == len(keys)  # disjoint slots
     assert {k.index for k in keys} == set(range(n))  # covering every image
     assert len(keys) - n < world  # padding at most one per rank
-    val = [EpochSampler(n, 2, r, world, pad=False) for r in range(world)]
+    val = [EvalSampler(n, 2, r, world) for r in range(world)]
     indices = [k.index for s in val for b in s.epoch_batches(0) for k in b]
     assert sorted(indices) == list(range(n))  # exactly once
 
@@ -168,7 +169,7 @@ class _BatchChurn(torch.utils.data.Dataset):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
-    from ddp_utils.data.loader import _init_worker
+    from ddp_utils.data.workers import init_worker
 
     def faults(init) -> int:
         # a spawned worker starts with glibc's default malloc state; a forked one inherits this process's,
@@ -179,7 +180,7 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
         return next(iter(loader))
 
     pages = 5 * 16 * 640 * 640 * 3 // 4096
-    assert faults(_init_worker) < 0.05 * pages
+    assert faults(init_worker) < 0.05 * pages
     assert faults(None) > 0.5 * pages  # what the default malloc does, so the check above means something
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddp_utils.data import EpochSampler, EvalSampler, TrainSampler, WeightedTrainSampler
+from ddp_utils.data import EvalSampler, TrainSampler, WeightedTrainSampler
 from ddp_utils.data.samplers import _ShardedSampler
 
 
@@ -45,9 +45,7 @@ def test_weighted_refuses_bad_weights(bad):
         WeightedTrainSampler(10, 2, bad)
 
 
-def test_epoch_sampler_keeps_its_old_call_form():
-    assert isinstance(EpochSampler(10, 2, 0, 2, shuffle=True, seed=1), TrainSampler)
-    assert isinstance(EpochSampler(10, 2, 0, 2, pad=False), EvalSampler)
+def test_train_and_eval_samplers_are_separate_classes():
     assert issubclass(TrainSampler, _ShardedSampler) and not issubclass(EvalSampler, TrainSampler)
 
 

@@ -23,7 +23,6 @@ from ddp_utils.distributed import (
     first_slurm_host,
     is_parallel,
     launch_key,
-    unwrap_model,
 )
 
 from ..multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env, records
@@ -185,7 +184,6 @@ def test_init_distributed_refuses_nccl_on_a_cpu_device(monkeypatch):
 def test_de_parallel_unwraps_data_parallel_and_compile_in_any_order():
     inner = torch.nn.Linear(2, 2)
     compiled = torch.compile(inner)  # wraps at once, compiles on the first call (never made here)
-    assert unwrap_model is de_parallel
     for wrapped in (inner, torch.nn.DataParallel(inner), compiled, torch.nn.DataParallel(compiled)):
         assert de_parallel(wrapped) is inner
     assert de_parallel(torch.compile(torch.nn.DataParallel(inner))) is inner

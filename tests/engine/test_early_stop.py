@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from ddp_utils.engine import EarlyStopping, should_stop_everywhere
+from ddp_utils.engine import EarlyStopping
 
 
 def run(stopper, fitnesses):
@@ -50,11 +50,6 @@ def test_logs_the_reason_once(caplog):
 def test_negative_patience_is_refused():
     with pytest.raises(ValueError, match="patience=-1"):
         EarlyStopping(-1)
-
-
-def test_should_stop_everywhere_single_process():
-    assert should_stop_everywhere(True) is True
-    assert should_stop_everywhere(False) is False
 
 
 def test_possible_stop_says_the_next_epoch_may_stop():

@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.data import load_hyp
+from ddp_utils.data import class_frequency, load_hyp
 from ddp_utils.data.multiscale import multi_scale_resize, multi_scale_size
 from ddp_utils.engine import (
     EpochStats,
+    ModelEMA,
     TrainStep,
     Warmup,
-    class_frequency,
-    init_class_biases,
     lr_lambda,
     resolve_amp,
     smart_optimizer,
@@ -51,7 +50,9 @@ def fresh_run(nb: int, multi_scale: bool):
     optimizer = smart_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
     lf = lr_lambda(hyp["lrf"], 3)
     torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
-    ema = init_class_biases(model, [np.array([[0, 0.5, 0.5, 0.1, 0.1]]), np.array([[2, 0.5, 0.5, 0.1, 0.1]])], 3)
+    labels = [np.array([[0, 0.5, 0.5, 0.1, 0.1]]), np.array([[2, 0.5, 0.5, 0.1, 0.1]])]
+    model.initialize_biases(class_frequency(labels, 3))
+    ema = ModelEMA(model)
     compute_loss = ComputeLoss(model, scale_loss_gains(hyp, model.model[-1].nl, 3, 64))
     warmup = Warmup(optimizer, lf, nb, 1.0, hyp["warmup_bias_lr"], hyp["warmup_momentum"], hyp["momentum"], 4)
     scaler = torch.amp.GradScaler("cuda", enabled=False)

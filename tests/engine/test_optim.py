@@ -153,9 +153,6 @@ def test_one_cycle_is_yolov5s_half_cosine_from_y1_to_y2():
         assert lf(x) == pytest.approx(cosine_lr(0.01, 100)(x))
     assert one_cycle()(0) == 0.0 and one_cycle()(100) == pytest.approx(1.0)  # defaults y1=0, y2=1, steps=100
     assert one_cycle(y1=0.2, y2=0.8, steps=4)(2) == pytest.approx(0.5)
-    assert one_cycle(lrf=0.1, epochs=10)(10) == pytest.approx(0.1)  # our former keyword form still works
-    with pytest.raises(TypeError, match="needs both"):
-        one_cycle(lrf=0.1)
 
 
 def test_one_cycle_in_a_lambda_lr_saves_and_restores():

@@ -65,7 +65,7 @@ def zero_first_leader_killed() -> None:
     import os
     import signal
 
-    from ddp_utils.distributed import _default_store
+    from ddp_utils.distributed.zero_first import _default_store
 
     info = du.init_distributed(backend="gloo", timeout=600)
     store = _default_store()

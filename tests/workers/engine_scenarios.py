@@ -19,7 +19,6 @@ from ddp_utils.engine import (
     build_checkpoint,
     load_checkpoint,
     save_checkpoint,
-    should_stop_everywhere,
     smart_optimizer,
 )
 
@@ -89,7 +88,7 @@ def ddp_engine(directory: str) -> None:
     # rank 0 stops, rank 1 does not: the broadcast makes both follow rank 0
     stopper = EarlyStopping(patience=1)
     stopper(0, 1.0)
-    stop = should_stop_everywhere(stopper(5, 0.0) if info.rank == 0 else False)
+    stop = du.any_rank(stopper(5, 0.0) if info.rank == 0 else False)
     print(
         json.dumps(
             {

@@ -253,7 +253,7 @@ def test_unknown_layout_names_the_first_mismatch(v5n, tmp_path: Path) -> None:
 
 
 def run_convert(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "ddp_utils.convert", *args]
+    cmd = [sys.executable, "-m", "ddp_utils", "convert", *args]
     return subprocess.run(cmd, cwd=REPO_ROOT, env=launcher_env(), capture_output=True, text=True, timeout=120)
 
 

@@ -1,0 +1,159 @@
+"""The house rules the code can check itself: no import circle between files, modules that fit in a head,
+train.py in labelled stages of short functions, no module ``__getattr__``, nothing below cli/ importing it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ddp_utils"
+TRAIN = PACKAGE.parent / "train.py"
+MAX_MODULE_LINES = 450
+MAX_TRAIN_LINES = 280
+MAX_TRAIN_FUNCTION_LINES = 60
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package (a package is its __init__.py)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imported_modules(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports, at the top or inside a function (a lazy import still binds)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            bases = [alias.name for alias in node.names]
+            names: list[str] = []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                bases = [".".join([*anchor, node.module] if node.module else anchor)]
+            else:
+                bases = [node.module or ""]
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for base in bases:
+            if base in known:
+                targets.add(base)
+            for imported in names:  # `from . import foo` and `from .pkg import submodule` import a file
+                if f"{base}.{imported}" in known:
+                    targets.add(f"{base}.{imported}")
+    targets.discard(name)
+    return targets
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imported_modules(name, path, known) for name, path in known.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_sees_the_imports_it_should():
+    graph = import_graph()
+    assert "ddp_utils.data.dataset" in graph["ddp_utils.data.loader"]  # from .dataset import ...
+    assert "ddp_utils.distributed" in graph["ddp_utils.data.loader"]  # from ..distributed import ...
+    assert "ddp_utils.yolo.model" in graph["ddp_utils.yolo"]  # a package imports its modules
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_between_files():
+    assert cycles(import_graph()) == []
+
+
+def test_nothing_below_cli_imports_it():
+    graph = import_graph()
+    importers = {
+        name
+        for name, targets in graph.items()
+        if any(t == "ddp_utils.cli" or t.startswith("ddp_utils.cli.") for t in targets)
+        and not (name.startswith("ddp_utils.cli") or name == "ddp_utils.__main__")
+    }
+    assert importers == set()
+    by_name = [
+        n for n, p in modules().items() if '"ddp_utils.cli.' in p.read_text() and not n.startswith("ddp_utils.cli")
+    ]
+    assert by_name == ["ddp_utils.__main__"]  # the dispatcher names the command modules, by string
+
+
+def test_no_module_getattr():
+    offenders = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__getattr__", "__dir__")
+    ]
+    assert offenders == []
+
+
+def test_modules_fit_in_a_head():
+    too_long = {
+        str(path.relative_to(PACKAGE.parent)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert too_long == {}
+
+
+def test_train_py_is_short_and_its_functions_are():
+    source = TRAIN.read_text()
+    assert len(source.splitlines()) <= MAX_TRAIN_LINES
+    long_functions = {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_TRAIN_FUNCTION_LINES
+    }
+    assert long_functions == {}
+    assert "# fmt: skip" not in source and "SimpleNamespace" not in source
+
+
+def test_train_py_main_reads_as_labelled_stages():
+    tree = ast.parse(TRAIN.read_text())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    lines = TRAIN.read_text().splitlines()[main.lineno - 1 : main.end_lineno]
+    stages = [re.search(r"# ---- (\w+)", line).group(1) for line in lines if "# ---- " in line]
+    assert stages == ["launch", "resume", "data", "model", "optimizer", "epochs"], stages
+    assert any(isinstance(node, ast.For) for node in ast.walk(tree)), "the epoch loop is written out in train.py"
