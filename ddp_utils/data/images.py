@@ -28,8 +28,8 @@ def read_image(path: str | Path) -> np.ndarray:
     """Decode an image file to a BGR ``uint8`` array (EXIF orientation applied).
 
     JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` when it is installed: the
-    same pixels as ``cv2.imread``, in about 0.83-0.87 of its time (benchmarks/readme_figures.py). Anything it does not take
-    (other formats, a damaged JPEG) goes to OpenCV, as do all files without it.
+    same pixels as ``cv2.imread``, in about 0.83-0.87 of its time (``benchmarks/readme_figures.py``).
+    Anything it does not take (other formats, a damaged JPEG) goes to OpenCV, as do all files without it.
 
     Raises:
         FileNotFoundError: the file does not exist.
