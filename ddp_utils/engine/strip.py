@@ -112,7 +112,7 @@ def _strip_yolov5(source: Path, target: Path, half: bool) -> Path:
     except ForeignCheckpointError as exc:
         raise UnsafeCheckpointError(
             f"{exc}; it was not stripped (nothing in it was run): strip it with YOLOv5's own strip_optimizer, "
-            "or convert it with `python -m ddp_utils.convert` and strip the result"
+            "or convert it with `python -m ddp_utils convert` and strip the result"
         ) from None
     buffer = io.BytesIO()
     save_records(ckpt, buffer)
