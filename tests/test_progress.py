@@ -84,7 +84,7 @@ def test_label_scan_progress_ends_at_n_of_n(mode, tmp_path, capsys):
 
 @pytest.mark.timeout(300)
 def test_val_progress_option_plain_lines_or_none(tmp_path):
-    """``python -m ddp_utils.val --progress``: the label scan as plain lines ending at n/n, or nothing."""
+    """``python -m ddp_utils val --progress``: the label scan as plain lines ending at n/n, or nothing."""
     import subprocess
     import sys
 
@@ -103,7 +103,7 @@ def test_val_progress_option_plain_lines_or_none(tmp_path):
     for mode in ("plain", "off"):
         for cache in (tmp_path / "shapes" / "labels").glob("*.cache"):
             cache.unlink()  # scan again
-        cmd = [sys.executable, "-m", "ddp_utils.val", "--weights", str(tmp_path / "w.pt"), "--data", str(data),
+        cmd = [sys.executable, "-m", "ddp_utils", "val", "--weights", str(tmp_path / "w.pt"), "--data", str(data),
                "--imgsz", "64", "--device", "cpu", "--workers", "0", "--project", str(tmp_path / "runs"),
                "--progress", mode]  # fmt: skip
         env = {k: v for k, v in launcher_env().items() if k != PROGRESS_ENV}

@@ -16,13 +16,12 @@ from torch import nn
 
 import ddp_utils as du
 from ddp_utils import progress as progress_module
-from ddp_utils.data import load_hyp
+from ddp_utils.data import class_frequency, load_hyp
 from ddp_utils.engine import (
     ModelEMA,
     PreemptionHandler,
     TrainStep,
     Warmup,
-    init_class_biases,
     lr_lambda,
     smart_optimizer,
     train_one_epoch,
@@ -60,7 +59,8 @@ def gpu_form_step(nb: int, accumulate: int, distributed: bool, world_size: int =
     hyp = load_hyp("hyp.shapes.yaml")
     optimizer = smart_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"], fused=True)
     lf = lr_lambda(hyp["lrf"], 3)
-    ema = init_class_biases(model, [np.array([[0, 0.5, 0.5, 0.1, 0.1]])], 3)
+    model.initialize_biases(class_frequency([np.array([[0, 0.5, 0.5, 0.1, 0.1]])], 3))
+    ema = ModelEMA(model)  # after the biases: the EMA starts from them, as train.py's
     compute_loss = ComputeLoss(model, scale_loss_gains(hyp, model.model[-1].nl, 3, 64), dense=True)
     warmup = Warmup(optimizer, lf, nb, 1.0, hyp["warmup_bias_lr"], hyp["warmup_momentum"], hyp["momentum"], 2 * nb)
     scaler = torch.amp.GradScaler("cpu", enabled=True)
