@@ -6,12 +6,9 @@ tests/yolo/yolov5_standins.py; DDP_UTILS_YOLOV5_RELEASE_URL points the download 
 
 from __future__ import annotations
 
-import functools
 import re
 import stat
 import sys
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,28 +19,10 @@ from ddp_utils.engine.pretrained import load_pretrained
 from ddp_utils.yamls import find_asset
 from ddp_utils.yolo import Model
 
+from .http_server import serve
 from .test_train import describe, run, tiny_data_yaml, train_args, train_env
 from .yolo import yolov5_standins as v5
 from .yolo.test_foreign import CONFIGS, save_yolov5
-
-
-class _Handler(SimpleHTTPRequestHandler):
-    requests: list[str]
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self.requests.append(self.path)
-        if self.path.startswith("/cut/"):  # announce the whole file, send half, hang up
-            body = (Path(self.directory) / self.path[len("/cut/") :]).read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body[: len(body) // 2])
-            self.close_connection = True
-            return
-        super().do_GET()
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +32,8 @@ def release(tmp_path_factory):
     model = v5.build(yaml.safe_load((CONFIGS / "yolov5n.yaml").read_text()))
     model.yaml_file = "yolov5n.yaml"  # as YOLOv5 records the yaml its model was built from
     save_yolov5(v5.yolov5_checkpoint(model), www / "yolov5n.pt")
-    requests: list[str] = []
-    handler = type("Handler", (_Handler,), {"requests": requests})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(www)))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", requests
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(timeout=5)
+    with serve(www) as (url, requests):
+        yield url, requests
 
 
 @pytest.fixture

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import threading
-import time
 import zipfile
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import cv2
@@ -20,6 +17,7 @@ from ddp_utils.data.labels import find_images
 from ddp_utils.downloads import DownloadError
 from ddp_utils.hyp import load_hyp
 from ddp_utils.yamls import DataConfigError, asset_dir
+from tests.http_server import serve
 from tests.multiproc import describe, launch, records
 
 HYP_KEYS = [
@@ -92,42 +90,13 @@ def dataset_members(top: str = "ds/") -> dict[str, bytes]:
 # --- a local HTTP server ------------------------------------------------------------------------
 
 
-class _Handler(SimpleHTTPRequestHandler):
-    requests: list[str]
-
-    def log_message(self, *args) -> None:  # keep test output clean
-        pass
-
-    def do_GET(self) -> None:
-        self.requests.append(self.path)
-        if self.path.startswith("/slow/"):  # both racing clients are mid-download at once
-            time.sleep(0.5)
-            self.path = self.path[len("/slow") :]
-        if self.path.startswith("/cut/"):  # announce the whole file, send half, hang up
-            body = (Path(self.directory) / self.path[len("/cut/") :]).read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body[: len(body) // 2])
-            self.close_connection = True
-            return
-        super().do_GET()
-
-
 @pytest.fixture
 def server(tmp_path: Path):
     """(directory it serves, base URL, list of requested paths)."""
     www = tmp_path / "www"
     www.mkdir()
-    requests: list[str] = []
-    handler = type("Handler", (_Handler,), {"requests": requests})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(www)))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield www, f"http://127.0.0.1:{httpd.server_address[1]}", requests
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(timeout=5)
+    with serve(www) as (url, requests):
+        yield www, url, requests
 
 
 def leftovers(directory: Path) -> list[Path]:
