@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import signal
 from pathlib import Path
 from typing import NoReturn
 
@@ -23,13 +25,29 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import ddp_utils as du
 from ddp_utils import engine
-from ddp_utils.data import DevicePrefetcher, class_frequency, create_dataloader, create_val_dataloader
+from ddp_utils.data import (
+    DevicePrefetcher,
+    class_frequency,
+    create_dataloader,
+    create_val_dataloader,
+    epoch_image_weights,
+)
+from ddp_utils.engine.checkpoint import load_pretrained
 from ddp_utils.engine.optim_setup import optimizer_from_hyp
-from ddp_utils.engine.pretrained import load_pretrained
-from ddp_utils.engine.run import Run, Training, check_options, find_resume, make_run_dir, record_run, start_run
+from ddp_utils.engine.resume import TrainState, find_resume, gather_losses
+from ddp_utils.engine.run import Run, Training, check_options, make_run_dir, record_run, start_run
 from ddp_utils.engine.run_report import epoch_line, finish_run, first_batches_plotter
 from ddp_utils.progress import PROGRESS_MODES, set_progress_mode
-from ddp_utils.yolo import ComputeLoss, ForeignCheckpointError, Model, class_table, evaluate, fitness, scale_loss_gains
+from ddp_utils.yolo import (
+    ComputeLoss,
+    ForeignCheckpointError,
+    Model,
+    class_maps,
+    class_table,
+    evaluate,
+    fitness,
+    scale_loss_gains,
+)
 from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 # the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
@@ -77,6 +95,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--patience", type=int, default=100, help="epochs without improvement before stopping (0: never)")
     add("--freeze", nargs="+", type=int, default=[0], help="freeze the first N layers, or the listed layers")
     add("--save-period", type=int, default=-1, help="also save epochN.pt every N epochs (-1: never)")
+    add("--save-interval", type=float, default=30.0, help="minutes between mid-epoch saves of last.pt (0: never)")
     add("--seed", type=int, default=0)
     add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     add("--requeue-signal", help='save, requeue the SLURM job, exit on it (USR1 under SLURM, "none": off)')
@@ -174,7 +193,7 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int) -> tuple:
 
 
 def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs: int, data: tuple) -> Training:
-    """Optimizer, schedule, EMA, loss and the DDP wrapper; a resumed run's state put back."""
+    """Optimizer, schedule, EMA, loss and the DDP wrapper; a resumed run's state put back, to the batch."""
     train_loader, val_loader, labels = data
     channels_last = engine.use_channels_last(device)  # CUDA's convolutions run much faster so; the CPU's do not
     if channels_last:  # before the optimizer and DDP, which keep the parameters' layout
@@ -185,12 +204,14 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     optim = optimizer_from_hyp(model, run.hyp, name=opt.optimizer, cos_lr=opt.cos_lr, **sizes)
     ema = engine.ModelEMA(model)
     scaler = torch.amp.GradScaler("cuda", enabled=run.amp == "fp16")  # bf16 needs no loss scaling
-    fit = Training(None, optim.scheduler, train_loader, val_loader, labels)
+    state = TrainState()
     if run.resume is not None:
-        fit.start_epoch, fit.best_fitness = engine.restore_training(
-            run.resume.ckpt, model, optim.optimizer, ema, scaler
-        )
-    optim.scheduler.last_epoch = fit.start_epoch - 1
+        state = engine.restore_training(run.resume.ckpt, model, optim.optimizer, ema, scaler)
+        if state.batch and state.batches != len(train_loader):  # another dataset or batch size than it was saved with
+            du.LOGGER.warning(f"the run stopped at {state.where()}, but an epoch has {len(train_loader)} batches now")
+            state.batch = 0
+    state = dataclasses.replace(state, batches=len(train_loader), batch_size=run.batch_size)
+    optim.scheduler.last_epoch = state.epoch - 1  # the schedule follows the epoch (lr from the optimizer's state)
     loss_gains = scale_loss_gains(run.hyp, model.model[-1].nl, run.nc, run.imgsz, opt.label_smoothing)  # to model, size
     compute_loss = ComputeLoss(model, loss_gains, across_ranks=True)  # normalised over the global batch
     if channels_last:
@@ -203,58 +224,92 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     multi_scale = (run.imgsz, gs, opt.seed) if opt.multi_scale else None
     settings = dict(amp=run.amp, world_size=info.world_size, multi_scale=multi_scale, channels_last=channels_last)
     parts = (model, optim.optimizer, scaler, ema, compute_loss, optim.accumulate, optim.warmup)
-    fit.step = engine.TrainStep(*parts, **settings)
-    return fit
+    step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)
+    return Training(step, optim.scheduler, train_loader, val_loader, labels, state)
 
 
 def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> dict:
-    """The epochs: train, validate, log, save; stop early, on a signal (save, requeue) or at the end."""
-    (opt, step), (logger, stopper, checkpoints) = (run.opt, fit.step), open_records(run, fit, info)
-    epoch, requeue = fit.start_epoch, engine.signals.requeue_signal(opt.requeue_signal)  # checked by check_options
-    with engine.PreemptionHandler(requeue_signals=(requeue,) if requeue else ()) as preemption:
-        for epoch in range(fit.start_epoch, run.epochs):
-            fit.train_loader.set_epoch(epoch)
-            plot = first_batches_plotter(run.save_dir, run.names, info.is_main and epoch == fit.start_epoch)
-            plot = None if opt.noplots else plot
+    """The epochs: train, validate, log, save; stop early, on a signal (save, requeue) or at the end.
+
+    A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer
+    step; last.pt then records the batch, and --resume continues at the next one.
+    """
+    opt, step = run.opt, fit.step
+    logger, stopper, checkpoints = open_records(run, fit, info)
+    requeue = engine.signals.requeue_signal(opt.requeue_signal)  # checked by check_options
+    signals = dict(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(requeue,) if requeue else ())
+    signalled = stop = False
+    with engine.PreemptionHandler(**signals) as preemption:
+        while fit.state.epoch < run.epochs and not (signalled or stop):
+            epoch, start = fit.state.epoch, fit.state.batch
+            if opt.image_weights:  # YOLOv5's: rare and badly detected classes drawn more (single process)
+                fit.train_loader.set_image_weights(epoch_image_weights(fit.labels, run.nc, fit.state.last_val.get("maps")))
+            fit.train_loader.set_epoch(epoch, start_batch=start)
+            plot = first_batches_plotter(run.save_dir, run.names, info.is_main and epoch == 0 and not opt.noplots)
             batches = DevicePrefetcher(fit.train_loader, device, step.channels_last)  # on CUDA: copies overlap
-            loop = dict(epochs=run.epochs, preemption=preemption, progress=info.is_main, on_batch=plot)
-            stats = engine.train_one_epoch(step, batches, epoch, device, **loop)
+            due = checkpoints.save_due if info.is_main and not opt.nosave else None  # rank 0's clock, agreed in the poll
+            saves = dict(preemption=preemption, save_due=due, on_save=lambda now: save_at(now, fit, checkpoints, info))
+            loop = dict(start=start, loss=fit.state.rank_loss(info.rank, info.world_size), epochs=run.epochs)
+            stats = engine.train_one_epoch(step, batches, epoch, device, **loop, **saves, progress=info.is_main, on_batch=plot)
+            if stats.stopped:  # every rank stopped after the same step: last.pt records it, --resume goes on from there
+                save_at(stats, fit, checkpoints, info, stopped=True)
+                signalled = True
+                break
             lrs = [group["lr"] for group in step.optimizer.param_groups]
             fit.scheduler.step()
             train_loss = du.reduce_tensor(stats.loss, op="mean").cpu()
-            if preemption.requested_anywhere():  # the epoch is incomplete: resume redoes it
-                checkpoints.save_interrupted(epoch, step.model, step.ema, step.optimizer, step.scaler, fit.best_fitness)
-                if preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
-                    engine.signals.requeue_job()
-                break
-            fit.last_val = metrics, val_loss = validate(run, fit, device, epoch)
-            fitness_now = fitness(metrics)
-            stop = du.any_rank(bool(stopper(epoch, fitness_now)))
-            fit.best_fitness = max(fit.best_fitness, fitness_now)
+            metrics, val_loss = validate(run, fit, device, epoch)
+            stop = du.any_rank(bool(stopper(epoch, fitness(metrics))))
+            best = fitness(metrics) >= fit.state.best_fitness
+            maps = class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
+            fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps)
             logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs))
             du.LOGGER.info(epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size)))
-            if not opt.nosave or epoch + 1 == run.epochs or stop:
-                best = fit.best_fitness == fitness_now
-                checkpoints.save(epoch, step.model, step.ema, step.optimizer, step.scaler, fit.best_fitness, best=best)
-            if stop:
-                break
+            if info.is_main and (not opt.nosave or epoch + 1 == run.epochs or stop):
+                parts = (epoch, step.model, step.ema, step.optimizer, step.scaler, fit.state.best_fitness)
+                checkpoints.save(*parts, best=best, state=fit.state)
+            signalled = preemption.requested_anywhere()  # during validation: the epoch is saved whole
+        checkpoints.wait()
+        if signalled and preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
+            engine.signals.requeue_job()
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
     logger.close()
-    if info.is_main and not preemption.requested():
-        finish_run(run.save_dir, fit.last_val[0], epochs_done=epoch - fit.start_epoch + 1, plots=not opt.noplots)
-    return fit.last_val[0]
+    if info.is_main and not signalled:
+        finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not opt.noplots)
+    return fit.state.metrics()[0]
+
+
+def save_at(stats: engine.EpochStats, fit: Training, checkpoints, info: du.DistInfo, stopped: bool = False) -> None:
+    """Every rank: last.pt in the middle of an epoch, at the batch ``stats`` ended (rank 0 writes).
+
+    The ranks' running losses are gathered (a collective) so results.csv's epoch mean comes out the same.
+    """
+    state = dataclasses.replace(
+        fit.state, batch=stats.batch, last_opt_step=fit.step.last_opt_step, loss=gather_losses(stats.loss)
+    )
+    state.world_size = info.world_size
+    if info.is_main:
+        step = fit.step
+        checkpoints.save(state.epoch - 1, step.model, step.ema, step.optimizer, step.scaler, state.best_fitness,
+                         periodic=False, state=state)  # fmt: skip
+        last = checkpoints.last
+        if stopped:
+            du.LOGGER.warning(f"stopped at {state.where()}: saved {last}; continue with: python train.py --resume {last}")
+        else:
+            du.LOGGER.info(f"saved {last} at {state.where()} (the step waited {checkpoints.blocked_seconds:.2f} s)")
 
 
 def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
     """results.csv, early stopping and the checkpoints (rank 0 writes), and the run's summary line."""
-    logger = engine.ResultsLogger(run.save_dir, start_epoch=fit.start_epoch)
-    if fit.start_epoch == 0 and not run.opt.noplots:
+    logger = engine.ResultsLogger(run.save_dir, start_epoch=fit.state.epoch)
+    if run.resume is None and info.is_main and not run.opt.noplots:
         engine.plot_labels(fit.labels, run.names, run.save_dir)
     stopper = engine.EarlyStopping(patience=run.opt.patience)
-    if fit.start_epoch:
-        stopper.best_fitness, stopper.best_epoch = fit.best_fitness, fit.start_epoch - 1
-    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, save_period=run.opt.save_period)
+    if fit.state.best_epoch >= 0:  # a resumed run counts its patience from its best epoch
+        stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
+    periods = dict(save_period=run.opt.save_period, interval_minutes=run.opt.save_interval, background=True)
+    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, **periods)
     du.LOGGER.info(
         f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
         f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
@@ -267,7 +322,7 @@ def validate(run: Run, fit: Training, device: torch.device, epoch: int) -> tuple
     """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones."""
     final_epoch = epoch + 1 == run.epochs
     if run.opt.noval and not final_epoch:
-        return fit.last_val  # results.csv reports the last validation again, as YOLOv5's does
+        return fit.state.metrics()  # results.csv reports the last validation again, as YOLOv5's does
     fit.step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
     metrics, val_loss = evaluate(fit.step.ema.ema, fit.val_loader, fit.step.compute_loss, device=device, verbose=False)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class

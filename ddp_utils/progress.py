@@ -119,6 +119,7 @@ class PlainProgress:
         unit: ``"B"`` shows bytes as MB; anything else counts steps.
         interval: seconds between lines (default :func:`plain_seconds`).
         file: where the lines go (default ``sys.stderr``).
+        initial: steps already done (a resumed epoch counts from where it stopped, as tqdm's ``initial``).
 
     Examples:
         >>> import io
@@ -138,12 +139,13 @@ class PlainProgress:
         unit: str = "it",
         interval: float | None = None,
         file: TextIO | None = None,
+        initial: int = 0,
         **_tqdm_options: Any,
     ) -> None:
         self.total, self.desc, self.unit = total, desc, unit
         self.interval = plain_seconds() if interval is None else interval
         self.file = sys.stderr if file is None else file
-        self.n = 0
+        self.n = self.initial = initial
         self.start = self.printed = time.monotonic()
         self.closed = False
 
@@ -165,7 +167,7 @@ class PlainProgress:
         count = _number(self.n, self.unit)
         if self.total:
             count += f"/{_number(self.total, self.unit)} {100 * self.n / self.total:.0f}%"
-        rate = self.n / elapsed if elapsed > 0 else math.nan
+        rate = (self.n - self.initial) / elapsed if elapsed > 0 else math.nan
         speed = f"{_number(rate, self.unit)}/s" if self.unit == "B" else f"{rate:.2f} {self.unit}/s"
         print(f"{self.desc} {count} {elapsed:.1f}s {speed}".strip(), file=self.file, flush=True)
 
@@ -220,8 +222,8 @@ class _TqdmProgress:
 class _NoProgress:
     """Mode ``off``: counts, never prints, never asks for a description."""
 
-    def __init__(self, total: int | None = None, **_options: Any) -> None:
-        self.total, self.n = total, 0
+    def __init__(self, total: int | None = None, initial: int = 0, **_options: Any) -> None:
+        self.total, self.n = total, initial
 
     def due(self) -> bool:
         return False

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ddp_utils.data import load_labels, make_shapes_dataset
-from ddp_utils.engine.checkpoint_io import CheckpointWriteError, load_checkpoint, save_checkpoint
+from ddp_utils.engine.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from tests.multiproc import describe, launch
 from tests.workers.fault_scenarios import labelset_digest
 

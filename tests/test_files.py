@@ -12,7 +12,7 @@ import torch
 
 from ddp_utils.data.label_cache import _write_cache
 from ddp_utils.engine import RESULTS_COLUMNS, ResultsLogger
-from ddp_utils.engine.checkpoint_io import atomic_torch_save, atomic_write_bytes
+from ddp_utils.engine.checkpoint import atomic_torch_save, atomic_write_bytes
 from ddp_utils.files import current_umask, mkstemp_shared
 
 

@@ -27,7 +27,7 @@ from ddp_utils.engine import (
     smart_optimizer,
     strip_optimizer,
 )
-from ddp_utils.engine.checkpoint_io import UnsafeCheckpointError
+from ddp_utils.engine.checkpoint import UnsafeCheckpointError
 from ddp_utils.yolo import Model
 from ddp_utils.yolo.metrics import fitness
 

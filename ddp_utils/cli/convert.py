@@ -5,7 +5,7 @@
 
 The output is a plain-data checkpoint (:func:`~ddp_utils.engine.load_checkpoint` reads it with
 ``weights_only=True``) that ``train.py --weights`` fine-tunes from. The work is
-:mod:`ddp_utils.engine.pretrained`'s; this module parses and prints.
+:mod:`ddp_utils.engine.checkpoint`'s; this module parses and prints.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..engine.checkpoint_io import CheckpointError, UnsafeCheckpointError
-from ..engine.pretrained import convert_yolov5_checkpoint, load_ours
+from ..engine.checkpoint import CheckpointError, UnsafeCheckpointError, convert_yolov5_checkpoint, load_checkpoint
 from ..log import set_logging
 from ..yolo.foreign import ForeignCheckpointError
 
@@ -37,7 +36,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils con
         if not src.is_file():
             raise FileNotFoundError(f"{src} does not exist")
         try:
-            load_ours(src)
+            load_checkpoint(src)
             raise CheckpointError(f"{src} is already a ddp_utils checkpoint: use it as it is")
         except UnsafeCheckpointError:
             pass

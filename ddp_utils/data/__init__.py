@@ -28,7 +28,7 @@ from ..downloads import DownloadError
 from ..hyp import hyp_value, load_hyp  # the hyperparameter yaml, read by the data pipeline too
 from ..yamls import DataConfigError
 from .augment import letterbox
-from .class_weights import class_frequency, labels_to_class_weights, labels_to_image_weights
+from .class_weights import class_frequency, epoch_image_weights, labels_to_class_weights, labels_to_image_weights
 from .config import check_dataset, datasets_dir
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
 from .images import load_image
@@ -63,6 +63,7 @@ __all__ = [
     "class_frequency",
     "labels_to_class_weights",
     "labels_to_image_weights",
+    "epoch_image_weights",
     "letterbox",
     "load_image",
     "load_hyp",

@@ -82,4 +82,23 @@ def labels_to_image_weights(
     return (counts * cw[None]).sum(1)
 
 
-__all__ = ["class_frequency", "labels_to_class_weights", "labels_to_image_weights"]
+def epoch_image_weights(labels: Sequence[np.ndarray], nc: int, maps: Sequence[float] | np.ndarray | None) -> np.ndarray:
+    """The image weights ``--image-weights`` draws an epoch by, as YOLOv5's train.py computes them.
+
+    Each class weighs its inverse frequency times ``(1 - mAP)**2`` (``maps``: its mAP@0.5:0.95 at
+    the last validation; zeros before the first), so rare and badly detected classes are drawn
+    more; an image weighs the sum over its objects.
+
+    Examples:
+        >>> labels = [np.array([[0, .5, .5, .1, .1]]), np.array([[1, .5, .5, .1, .1]] * 3)]
+        >>> epoch_image_weights(labels, 2, None).round(3).tolist()
+        [0.75, 0.75]
+        >>> epoch_image_weights(labels, 2, [0.5, 0.0]).round(4).tolist()  # class 0 is learnt half-way
+        [0.1875, 0.75]
+    """
+    class_weights = labels_to_class_weights(labels, nc).double().numpy()
+    quality = np.zeros(nc) if maps is None else np.asarray(maps, dtype=np.float64).reshape(nc)
+    return labels_to_image_weights(labels, nc, class_weights * (1 - quality) ** 2)
+
+
+__all__ = ["class_frequency", "epoch_image_weights", "labels_to_class_weights", "labels_to_image_weights"]

@@ -11,6 +11,9 @@ Three small pieces:
   ``set_epoch`` asks for the epoch the stream holds next, nothing is restarted; when it
   asks for another (a resume, a skipped epoch, an epoch left half-way), the stream is
   restarted at that epoch. Either way epoch ``e`` gives epoch ``e``'s order and augmentation.
+- ``set_epoch(e, start_batch=k)`` begins epoch ``e`` at its batch ``k``: a run resumed in the
+  middle of an epoch loads exactly the batches it had not trained, the same ones (global batch
+  ``k`` onwards) whatever the number of processes it resumes with.
 """
 
 from __future__ import annotations
@@ -42,15 +45,17 @@ Sampler = TrainSampler | WeightedTrainSampler | EvalSampler
 class _EpochStream:
     """``batch_sampler`` for the DataLoader: epochs ``start, start + 1, ...`` back to back, forever.
 
-    With a ``pool``, each batch is asked for together with a free slot of it.
+    The first epoch begins at its batch ``first_batch`` (a run resumed mid-epoch); the next ones
+    at their first. With a ``pool``, each batch is asked for together with a free slot of it.
     """
 
-    def __init__(self, sampler: Sampler, start: int, pool: BatchPool | None) -> None:
-        self.sampler, self.start, self.pool = sampler, start, pool
+    def __init__(self, sampler: Sampler, start: int, pool: BatchPool | None, first_batch: int = 0) -> None:
+        self.sampler, self.start, self.pool, self.first_batch = sampler, start, pool, first_batch
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
         for epoch in itertools.count(self.start):
-            for keys in self.sampler.epoch_batches(epoch):
+            skip = self.first_batch if epoch == self.start else 0
+            for keys in self.sampler.epoch_batches(epoch)[skip:]:
                 yield keys if self.pool is None else BatchRequest(keys, self.pool.acquire())
 
     def __len__(self) -> int:
@@ -72,8 +77,8 @@ class EpochLoader:
     """A loader whose workers live across epochs; ``set_epoch(e)`` always gives epoch ``e``.
 
     ``len(loader)`` is the number of batches of one epoch on this rank; iterating yields
-    them, and the epoch then advances by itself (call ``set_epoch`` anyway: it is free
-    when the epoch is the expected one, and makes a resume or a skip correct).
+    them (from :attr:`start_batch` on), and the epoch then advances by itself (call ``set_epoch``
+    anyway: it is free when the epoch is the expected one, and makes a resume or a skip correct).
 
     With workers, batches come back through a shared-memory :class:`BatchPool` made by
     ``pool_factory`` (default: sized for the dataset's largest batch; it may give None,
@@ -115,15 +120,23 @@ class EpochLoader:
         self._loader: DataLoader | None = None
         self._iterator: Iterator | None = None
         self._position: tuple[int, int] | None = None  # (epoch, batches taken) of the running stream
+        self.start_batch = 0  # where the next pass begins in its epoch (set_epoch's start_batch)
         self._stale = False
         self._indices_version = getattr(dataset, "indices_version", 0)
 
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass over the loader epoch ``epoch`` (its shuffle and augmentation)."""
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Make the next pass over the loader epoch ``epoch`` (its shuffle and augmentation), from its batch ``start_batch``.
+
+        Raises:
+            ValueError: ``start_batch`` is not in ``[0, len(self)]``.
+        """
+        if not 0 <= start_batch <= len(self):
+            raise ValueError(f"start_batch={start_batch}: an epoch has {len(self)} batches on this rank")
         self.sampler.set_epoch(epoch)
+        self.start_batch = int(start_batch)
 
     @property
     def epoch(self) -> int:
@@ -147,26 +160,26 @@ class EpochLoader:
         self.sampler.set_epoch(epoch)
         self._stale = True  # the workers may hold batches drawn with the old weights
 
-    def _restart(self, epoch: int) -> None:
+    def _restart(self, epoch: int, first_batch: int = 0) -> None:
         self._iterator = None  # shuts the old workers down
         if self.num_workers > 0:
             if self._pool is None:
                 self._pool = self._pool_factory(self.dataset, self.batch_size, self.num_workers, self.prefetch_factor)
             else:
                 self._pool.release_all()  # no worker is left to write into a slot
-        self._loader = self._make_loader(epoch)
+        self._loader = self._make_loader(epoch, first_batch)
         self._iterator = iter(self._loader)
         _RUNNING.add(self)
-        self._position = (epoch, 0)
+        self._position = (epoch, first_batch)
         self._stale = False
         self._indices_version = getattr(self.dataset, "indices_version", 0)
 
-    def _make_loader(self, epoch: int) -> DataLoader:
+    def _make_loader(self, epoch: int, first_batch: int = 0) -> DataLoader:
         # a new DataLoader per start of the workers, each part made with the pool it uses
         pooled = self.num_workers > 0
         return DataLoader(
             PooledDataset(self.dataset) if pooled else self.dataset,
-            batch_sampler=_EpochStream(self.sampler, epoch, self._pool),
+            batch_sampler=_EpochStream(self.sampler, epoch, self._pool, first_batch),
             num_workers=self.num_workers,
             collate_fn=PooledCollate(self.collate_fn, self._pool) if pooled else self.collate_fn,
             pin_memory=self.pin_memory,
@@ -176,14 +189,15 @@ class EpochLoader:
         )
 
     def __iter__(self) -> Iterator[tuple]:
-        epoch, total = self.sampler.epoch, len(self)
-        if total == 0:
+        epoch, total, first = self.sampler.epoch, len(self), self.start_batch
+        self.start_batch = 0  # the epochs after this one begin at their first batch
+        if first >= total:
             self.sampler.epoch = epoch + 1
             return
         changed = getattr(self.dataset, "indices_version", 0) != self._indices_version  # dataset.indices assigned
-        if self._iterator is None or self._stale or changed or self._position != (epoch, 0):
-            self._restart(epoch)
-        for k in range(total):
+        if self._iterator is None or self._stale or changed or self._position != (epoch, first):
+            self._restart(epoch, first)
+        for k in range(first, total):
             try:
                 batch = unpack(next(self._iterator), self._pool, self.pin_memory)
             except (EOFError, ConnectionError) as exc:

@@ -5,14 +5,15 @@ What lives where:
 - ``loop.py``: :func:`train_one_epoch` and :class:`TrainStep` (accumulation without needless
   all-reduces, AMP, timing without host waits).
 - ``ema.py``: :class:`ModelEMA`, updated with multi-tensor kernels.
-- ``checkpoint_io.py``: the checkpoint format, atomic saves and pickle-free loads; ``checkpointer.py``:
-  :class:`Checkpointer`, which owns a run's last/best/epochN; ``strip.py``: ``strip_optimizer``;
-  ``resume.py``: ``restore_training``, ``latest_checkpoint``; ``pretrained.py``: reading ours or YOLOv5's.
+- ``checkpoint.py``: the checkpoint file: its format, atomic (and background) writes, pickle-free
+  reads of ours or YOLOv5's (``load_pretrained``), ``strip_optimizer``.
+- ``resume.py``: continuing a run: :class:`TrainState` (where it stands, to the batch),
+  :class:`Checkpointer` (a run's last/best/epochN, periodic saves), ``find_resume`` (find and
+  check, before any write), ``restore_training``, ``latest_checkpoint``.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
   ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
-- ``run.py``: one training run: what ``--resume`` continues (:func:`find_resume`, checked before
-  any write), the settled options (:class:`Run`), the run directory; ``run_report.py``: the epoch
-  line and its parser, the first batches' plots, the finished run's last words.
+- ``run.py``: one training run: the settled options (:class:`Run`), their checks, the run directory;
+  ``run_report.py``: the epoch line and its parser, the first batches' plots, the finished run's last words.
 - ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> save and stop).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
@@ -26,8 +27,9 @@ them composed into a run.
 from ..distributed.parallel import de_parallel, is_parallel
 from .amp import AMP_DTYPES, resolve_amp
 from .autobatch import autobatch, check_train_batch_size, fit_batch_size
-from .checkpoint_io import (
+from .checkpoint import (
     CHECKPOINT_KEYS,
+    BackgroundWriter,
     CheckpointError,
     CheckpointWriteError,
     UnsafeCheckpointError,
@@ -36,10 +38,11 @@ from .checkpoint_io import (
     build_checkpoint,
     check_plain,
     load_checkpoint,
+    load_pretrained,
     save_checkpoint,
+    strip_optimizer,
     to_plain,
 )
-from .checkpointer import Checkpointer
 from .early_stop import EarlyStopping
 from .ema import ModelEMA
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
@@ -59,9 +62,8 @@ from .optim import (
     smart_optimizer,
 )
 from .plots import class_color, plot_images, plot_labels, plot_results
-from .resume import latest_checkpoint, restore_training
+from .resume import Checkpointer, TrainState, latest_checkpoint, restore_training
 from .signals import PreemptionHandler
-from .strip import strip_optimizer
 from .wrap import wrap_model
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "use_channels_last",
     "wrap_model",
     "CHECKPOINT_KEYS",
+    "BackgroundWriter",
     "NBS",
     "OPTIMIZERS",
     "RESULTS_COLUMNS",
@@ -87,6 +90,7 @@ __all__ = [
     "ModelEMA",
     "PreemptionHandler",
     "ResultsLogger",
+    "TrainState",
     "UnsafeCheckpointError",
     "Warmup",
     "accumulate_steps",
@@ -102,6 +106,7 @@ __all__ = [
     "latest_checkpoint",
     "linear_lr",
     "load_checkpoint",
+    "load_pretrained",
     "lr_lambda",
     "one_cycle",
     "param_groups",

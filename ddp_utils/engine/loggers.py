@@ -20,7 +20,7 @@ import yaml
 from ..distributed import is_main_process
 from ..files import mkstemp_shared
 from ..log import LOGGER
-from .checkpoint_io import to_plain
+from .checkpoint import to_plain
 
 RESULTS_COLUMNS = (
     "epoch",

@@ -107,12 +107,17 @@ class TrainStep:
 class EpochStats:
     """What one call of :func:`train_one_epoch` measured.
 
-    ``loss`` is the mean (box, obj, cls) loss of this rank, still on the device;
-    ``images`` this rank's image count; ``seconds`` the epoch's wall time; ``data_seconds``
-    the time the step waited for data (on CUDA: the GPU's idle time between steps).
+    ``loss`` is the running mean (box, obj, cls) loss of this rank over the epoch's batches so far
+    (those before ``start`` included, when the call continued a stopped epoch), still on the device;
+    ``batch`` the epoch's batches trained when the call returned (the next one to train: the number
+    of batches per epoch once it is complete); ``images`` this rank's image count in this call;
+    ``seconds`` the call's wall time; ``data_seconds`` the time the step waited for data (on CUDA:
+    the GPU's idle time between steps); ``stopped`` whether a stop request ended the call (at an
+    optimizer step, or at the epoch's end before anything after it).
     """
 
     loss: torch.Tensor
+    batch: int = 0
     images: int = 0
     seconds: float = 0.0
     data_seconds: float = 0.0
@@ -163,70 +168,97 @@ def train_one_epoch(
     device: torch.device,
     *,
     nb: int | None = None,
+    start: int = 0,
+    loss: torch.Tensor | None = None,
     epochs: int | None = None,
     preemption: Any = None,
+    save_due: Callable[[], bool] | None = None,
+    on_save: Callable[[EpochStats], None] | None = None,
     progress: bool = False,
     on_batch: Callable[[int, torch.Tensor, torch.Tensor, Any], None] | None = None,
 ) -> EpochStats:
-    """Train one epoch over ``loader`` (batches of ``(imgs, targets, paths, shapes)``).
+    """Train one epoch over ``loader`` (batches of ``(imgs, targets, paths, shapes)``), or what is left of it.
 
     The images are the loader's uint8 batch, or floats already on the device from a
     :class:`~ddp_utils.data.DevicePrefetcher` wrapped around it (on CUDA: the copy overlaps the step).
 
+    A stop request (a signal on any rank, seen by every rank at the same step through
+    ``preemption.poll()``) ends the call after the next optimizer step, so no gradient is left
+    half-accumulated, or at the epoch's end, whichever comes first; the returned stats say where
+    (``batch``), which is what a checkpoint records and a resumed call passes back as ``start``
+    and ``loss``. A periodic save works the same way: when ``save_due()`` (rank 0's clock) asks,
+    every rank learns it at the same step, and ``on_save(stats)`` runs on every rank after the
+    next optimizer step (it may use collectives), then training goes on.
+
     Args:
-        step: the model, optimizer and step settings.
-        loader: the epoch's batches (call its ``set_epoch`` first).
+        step: the model, optimizer and step settings (``step.last_opt_step`` carries the
+            accumulation phase across epochs and resumes).
+        loader: the epoch's batches from ``start`` on (``loader.set_epoch(epoch, start)`` first).
         epoch: the epoch number (from 0); with ``nb`` it gives the global iteration ``ni``.
         device: where the batches go.
         nb: batches per epoch (default ``len(loader)``).
+        start: the epoch's first batch still to train (a resumed epoch's); 0 for a whole epoch.
+        loss: the running mean loss of the batches before ``start`` (from the checkpoint); zeros when None.
         epochs: the total, for the progress bar.
-        preemption: a :class:`~ddp_utils.engine.PreemptionHandler`; every rank polls it each step
-            and all leave at the same step once any rank got a signal.
+        preemption: a :class:`~ddp_utils.engine.PreemptionHandler`; every rank polls it each step.
+        save_due: asked each step, on the rank whose clock decides (others pass None): True when a
+            periodic save is due. Needs ``preemption``, whose poll carries the answer to every rank.
+        on_save: called on every rank with the stats so far when a periodic save is agreed.
         progress: show the epoch's progress (the main process): a bar, plain lines or nothing, as
             :func:`ddp_utils.progress.progress_mode` says (``DDP_UTILS_PROGRESS``, else bar on a terminal).
-        on_batch: called with ``(i, imgs, targets, paths)`` for each batch (the images as the loader gave
-            them), e.g. to plot the first ones.
+        on_batch: called with ``(i, imgs, targets, paths)`` for each batch (``i`` its index in the epoch;
+            the images as the loader gave them), e.g. to plot the first ones.
 
     Returns:
-        The epoch's :class:`EpochStats`; ``stopped`` when a signal ended it early.
+        The epoch's :class:`EpochStats`; ``stopped`` when a stop request ended it.
     """
     nb = len(loader) if nb is None else nb  # type: ignore[arg-type]
     step.model.train()
-    mloss = torch.zeros(3, device=device)
-    stats = EpochStats(mloss)
-    bar = _progress(nb, enabled=progress)
+    mloss = torch.zeros(3, device=device) if loss is None else loss.detach().to(device, torch.float32).clone()
+    stats = EpochStats(mloss, batch=start)
+    bar = _progress(nb, start, enabled=progress)
     timer = _Timer(device)
     step.optimizer.zero_grad()
-    for i, (batch_imgs, targets, paths, _shapes) in enumerate(loader):
+    stop = save = False
+    for i, (batch_imgs, targets, paths, _shapes) in enumerate(loader, start):
         timer.batch_ready()
         imgs = step.prepare(batch_imgs, device)
-        loss_items = step(imgs, targets, i + nb * epoch, epoch)
+        ni = i + nb * epoch
+        loss_items = step(imgs, targets, ni, epoch)
         mloss = (mloss * i + loss_items) / (i + 1)  # stays on the device
         timer.step_done()
         stats.images += batch_imgs.shape[0]
+        stats.batch, stats.loss = i + 1, mloss
         if on_batch is not None:
             on_batch(i, batch_imgs, targets, paths)
         if bar is not None:
             if bar.due() or i + 1 == nb:  # a bar: every BAR_SECONDS; plain lines: every PLAIN_SECONDS
                 bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs))  # reads mloss: a sync
             bar.update(1)  # a plain line, when due, shows the description just set
-        if preemption is not None and preemption.poll():
-            stats.stopped = True
-            break
+        if preemption is None:
+            continue
+        polled = preemption.poll(save_due=save_due is not None and save_due())
+        stop, save = stop or polled.stop, save or polled.save
+        if (stop or save) and step.last_opt_step == ni and i + 1 < nb:  # after a whole optimizer step
+            if stop:
+                break
+            if on_save is not None:
+                on_save(stats)
+            save = False
+    stats.stopped = stop
     if bar is not None:
         bar.set_description(_describe(epoch, epochs, mloss, device, None, None))
         bar.close()
-    stats.loss = mloss
     stats.seconds, stats.data_seconds = timer.finish()
     return stats
 
 
-def _progress(nb: int, enabled: bool) -> Any:
+def _progress(nb: int, start: int, enabled: bool) -> Any:
     """The epoch's progress on the main process: a bar on a terminal, plain lines in a log, or None (off)."""
     mode = progress_mode() if enabled else "off"
     if mode == "off":
         return None
-    return progress(nb, mode=mode, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
+    return progress(nb, mode=mode, initial=start, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
 
 
 def _describe(epoch: int, epochs: int | None, mloss: torch.Tensor, device: torch.device, targets, imgs) -> str:

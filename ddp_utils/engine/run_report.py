@@ -16,7 +16,7 @@ import torch
 
 from ..log import LOGGER
 from .plots import plot_images, plot_results
-from .strip import strip_optimizer
+from .checkpoint import strip_optimizer
 
 EPOCH_LINE = re.compile(r"\bepoch (\d+)/\d+: [^\n]*?([0-9.]+) img/s, data wait ([0-9.]+)%")
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Mapping
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -39,6 +39,16 @@ import torch.distributed as dist
 
 from ..distributed import any_rank, dist_info, is_dist_initialized, slurm_job_id
 from ..log import LOGGER
+
+
+class Polled(NamedTuple):
+    """What :meth:`PreemptionHandler.poll` learned: a stop or a save asked for on any rank. True when ``stop``."""
+
+    stop: bool = False
+    save: bool = False
+
+    def __bool__(self) -> bool:
+        return self.stop
 
 
 class PreemptionHandler:
@@ -134,33 +144,39 @@ class PreemptionHandler:
         Without a process group this is :meth:`requested`. A :meth:`poll` still in flight is
         settled first, so the collectives stay in the same order on every rank.
         """
-        earlier = self._settle()
+        earlier = self._settle().stop
         return any_rank(self.requested()) or earlier
 
-    def poll(self) -> bool:
-        """Whether any rank had received a signal at the previous call; every rank must call it at each step.
+    def poll(self, save_due: bool = False) -> Polled:
+        """Whether any rank had received a signal (or asked for a save) at the previous call; every rank calls it each step.
 
-        Each call starts a non-blocking max all-reduce of this process's flag and returns the
-        result of the one the previous call started, which has had a whole step to finish.
-        So the step never waits on the network, every rank sees a signal at the same call
-        (one step after the first rank noticed it), and a SIGTERM stops the loop within two
-        steps. The flag never touches a GPU: it is a host tensor reduced over gloo (the default
-        group when that is gloo, else a gloo group made at the first call), read from the
-        host memory it shares with a NumPy array, so nothing here waits for the device.
-        Without a process group this is :meth:`requested`, at once.
+        Each call starts a non-blocking max all-reduce of this process's flags (a signal received;
+        ``save_due``: this rank's clock says a periodic checkpoint is due) and returns the result of
+        the one the previous call started, which has had a whole step to finish. So the step never
+        waits on the network, every rank sees a request at the same call (one step after the first
+        rank made it), and a SIGTERM stops the loop within a few steps. The flags never touch a GPU:
+        they are a host tensor reduced over gloo (the default group when that is gloo, else a gloo
+        group made at the first call), read from the host memory it shares with a NumPy array, so
+        nothing here waits for the device. Without a process group the answer is this process's, at once.
+
+        Args:
+            save_due: this rank asks for a checkpoint (only the rank that keeps the clock passes True).
+
+        Returns:
+            A :class:`Polled` (``stop``, ``save``), true when a stop was requested.
 
         Examples:
             >>> with PreemptionHandler() as preempt:
             ...     stopped = [step for step in range(3) if preempt.poll()]
-            >>> stopped
-            []
+            >>> stopped, preempt.poll(save_due=True).save
+            ([], True)
         """
         if not is_dist_initialized():
-            return self.requested()
+            return Polled(self.requested(), bool(save_due))
         earlier = self._settle()
-        host = np.array([1.0 if self.requested() else 0.0], dtype=np.float32)
-        flag = torch.from_numpy(host)  # shares host's memory: the result is read without a tensor op
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._host_group(), async_op=True)
+        host = np.array([1.0 if self.requested() else 0.0, 1.0 if save_due else 0.0], dtype=np.float32)
+        flags = torch.from_numpy(host)  # shares host's memory: the result is read without a tensor op
+        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._host_group(), async_op=True)
         self._pending = (work, host)
         return earlier
 
@@ -171,14 +187,14 @@ class PreemptionHandler:
             self._group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
         return self._group
 
-    def _settle(self) -> bool:
+    def _settle(self) -> Polled:
         """Finish the all-reduce that :meth:`poll` started, if any, and return its answer."""
         if self._pending is None:
-            return False
+            return Polled()
         work, host = self._pending
         self._pending = None
         work.wait()  # a host-side gloo reduction that had a whole step to finish; no GPU involved
-        return bool(host[0] > 0)
+        return Polled(bool(host[0] > 0), bool(host[1] > 0))
 
 
 def requeue_signal(name: str | None = None, environ: Mapping[str, str] | None = None) -> signal.Signals | None:

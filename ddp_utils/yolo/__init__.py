@@ -10,7 +10,7 @@ from .finetune import check_img_size, freeze_indices, freeze_layers, grid_size, 
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
 from .head import detection_head
 from .loss import ComputeLoss, FocalLoss, scale_loss_gains, smooth_BCE
-from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_table, coco_metrics, fitness
+from .metrics import ClassMetrics, DetectionMetrics, ImageRecord, class_maps, class_table, coco_metrics, fitness
 from .model import MODULES, Detect, Model, ModelConfigError, load_model_yaml, make_divisible, parse_model
 from .ops import (
     clip_boxes,
@@ -50,6 +50,7 @@ __all__ = [
     "ModelConfigError",
     "UltralyticsCheckpointError",
     "autopad",
+    "class_maps",
     "class_table",
     "clip_boxes",
     "coco_metrics",

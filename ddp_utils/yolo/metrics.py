@@ -92,6 +92,21 @@ class DetectionMetrics(dict):
         self.confidence = float(confidence)
 
 
+def class_maps(metrics: Mapping[str, float], nc: int) -> np.ndarray:
+    """Per-class mAP@0.5:0.95 as YOLOv5's val returns ``maps``: the overall mAP for classes without labels.
+
+    Examples:
+        >>> m = DetectionMetrics({"precision": 0, "recall": 0, "map50": 0, "map": 0.4}, [ClassMetrics(1, 1, 2, 0, 0, 0, 0.9)])
+        >>> class_maps(m, 3).tolist()
+        [0.4, 0.9, 0.4]
+    """
+    maps = np.full(nc, float(metrics.get("map", 0.0)))
+    for row in getattr(metrics, "classes", ()):
+        if 0 <= row.cls < nc:
+            maps[row.cls] = row.map
+    return maps
+
+
 def empty_metrics() -> dict[str, float]:
     """All metrics zero: what an evaluation with nothing to score reports.
 

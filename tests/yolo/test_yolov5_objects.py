@@ -18,7 +18,7 @@ import yaml
 from torch import nn
 
 from ddp_utils.engine import strip_optimizer
-from ddp_utils.engine.checkpoint_io import UnsafeCheckpointError
+from ddp_utils.engine.checkpoint import UnsafeCheckpointError
 from ddp_utils.yolo import ComputeLoss
 from ddp_utils.yolo.foreign import read_yolov5_checkpoint, yolov5_model
 from ddp_utils.yolo.head import detection_head
