@@ -231,8 +231,10 @@ def launch_key(info: DistInfo | None = None, environ: Mapping[str, str] | None =
 
     Two launches sharing a node get different keys, so it names per-launch state (the
     node's shared image cache, the run a restart resumes). Under torchrun it is
-    the rendezvous id and address plus the directory torchrun's agent keeps for this launch
-    (TORCHELASTIC_ERROR_FILE = <dir>/attempt_N/<rank>/error.json), which a restart keeps and
+    the rendezvous id (``--rdzv_id``, or the fresh one of ``--standalone``), the same on every node
+    and across elastic restarts that re-form the group with other nodes; without one (a static
+    ``--master_addr/--master_port`` launch) the address plus the directory torchrun's agent keeps for
+    this launch (TORCHELASTIC_ERROR_FILE = <dir>/attempt_N/<rank>/error.json), which a restart keeps and
     a new launch does not; under srun, the job id alone, since a requeued job keeps its id but
     may run on other nodes; under torchrun inside a SLURM job, the job id and the rendezvous id
     (torchrun's agent directory is new after a requeue); a single process, its pid.
@@ -257,6 +259,11 @@ def launch_key(info: DistInfo | None = None, environ: Mapping[str, str] | None =
         return f"slurm/{env.get('SLURM_JOB_ID', '')}"
     if env.get("SLURM_JOB_ID") and env.get("TORCHELASTIC_RUN_ID"):
         return f"slurm/{env['SLURM_JOB_ID']}/torchrun/{env['TORCHELASTIC_RUN_ID']}"
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id not in ("", "none"):
+        # --rdzv_id (or --standalone's fresh id) names the job on every node: an elastic restart that
+        # re-forms with other nodes, another rank 0 and another master port is still this launch
+        return f"torchrun/{run_id}"
     error_file = env.get("TORCHELASTIC_ERROR_FILE")
     agent_dir = str(Path(error_file).parents[2]) if error_file and len(Path(error_file).parents) > 2 else ""
     return f"{env.get('TORCHELASTIC_RUN_ID', '')}/{info.master_addr}:{info.master_port}/{agent_dir}"

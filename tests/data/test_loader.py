@@ -77,6 +77,24 @@ def test_epoch_abandoned_half_way_is_restarted(root):
     assert flat_paths(run_epoch(loader, 2)) == flat_paths(full)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_started_at_a_batch_gives_exactly_the_rest_of_it(root, workers):
+    kw = dict(hyp=HYP, augment=True, shuffle=True, seed=3, workers=workers)
+    loader, _ = create_dataloader(root / "images" / "train", 64, 4, 32, **kw)
+    whole = [run_epoch(loader, epoch) for epoch in (1, 2)]
+    resumed, _ = create_dataloader(root / "images" / "train", 64, 4, 32, **kw)  # a resumed run's fresh loader
+    resumed.set_epoch(1, start_batch=4)
+    rest = [(list(paths), targets.clone()) for _imgs, targets, paths, _ in resumed]
+    assert len(rest) == len(whole[0]) - 4 and [p for p, _ in rest] == [p for p, _ in whole[0][4:]]
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(rest, whole[0][4:]))  # the same augmentation
+    nxt = [(list(paths), targets.clone()) for _imgs, targets, paths, _ in resumed]  # the next epoch, whole
+    assert flat_paths(nxt) == flat_paths(whole[1]) and all(torch.equal(x, y) for (_, x), (_, y) in zip(nxt, whole[1]))
+    resumed.set_epoch(3, start_batch=len(resumed))  # stopped after its last batch: nothing left to load
+    assert list(resumed) == []
+    with pytest.raises(ValueError, match="start_batch=7: an epoch has 6 batches"):
+        resumed.set_epoch(3, start_batch=7)
+
+
 def test_rect_with_shuffle_warns_and_keeps_order(root, ddp_log):
     loader, dataset = create_dataloader(root / "images" / "train", 64, 4, 32, rect=True, shuffle=True)
     assert "shuffle turned off" in ddp_log.text and not loader.sampler.shuffle

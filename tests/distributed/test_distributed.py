@@ -105,6 +105,17 @@ def test_launch_key_same_on_a_nodes_ranks_and_across_restarts_new_for_a_new_laun
     assert launch_key(environ=_torchrun_env(0, 0, agent_dir="/tmp/torchelastic_cd34")) not in keys
 
 
+def test_launch_key_of_an_elastic_job_is_its_rdzv_id_on_every_node_and_after_it_re_forms():
+    # two agents (nodes), their own agent directories; after a node is lost the group re-forms with
+    # another rank 0 and another master port: still the same job
+    first = _torchrun_env(0, 0, agent_dir="/tmp/torchelastic_node_a") | {"TORCHELASTIC_RUN_ID": "job42"}
+    other_node = _torchrun_env(1, 0, agent_dir="/tmp/torchelastic_node_b") | {"TORCHELASTIC_RUN_ID": "job42"}
+    re_formed = first | {"MASTER_PORT": "41234", "TORCHELASTIC_RESTART_COUNT": "1", "WORLD_SIZE": "1"}
+    keys = {launch_key(environ=env) for env in (first, other_node, re_formed)}
+    assert keys == {"torchrun/job42"}
+    assert launch_key(environ=first | {"TORCHELASTIC_RUN_ID": "job43"}) != "torchrun/job42"
+
+
 def test_launch_key_slurm_and_single_process():
     slurm = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77",
              "SLURM_NODELIST": "gpu[1-2]"}  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import os
 import random
@@ -22,6 +23,7 @@ from ddp_utils.engine import (
     CheckpointError,
     CheckpointWriteError,
     ModelEMA,
+    TrainState,
     UnsafeCheckpointError,
     build_checkpoint,
     load_checkpoint,
@@ -92,8 +94,8 @@ def test_restore_training_resumes_state(tmp_path):
     with torch.no_grad():
         for p in model2.parameters():
             p.zero_()
-    start, best = restore_training(load_checkpoint(tmp_path / "last.pt"), model2, optimizer2, ema2, scaler2)
-    assert (start, best) == (5, 0.25)
+    state = restore_training(load_checkpoint(tmp_path / "last.pt"), model2, optimizer2, ema2, scaler2)
+    assert (state.epoch, state.batch, state.best_fitness) == (5, 0, 0.25)  # a checkpoint of an epoch's end
     assert ema2.updates == ema.updates
     torch.testing.assert_close(model2.state_dict()["0.weight"], ema.ema.state_dict()["0.weight"])
     momentum = optimizer.state_dict()["state"][0]["momentum_buffer"]
@@ -242,8 +244,8 @@ def test_train_model_weights_resume_exactly_and_are_stripped(tmp_path):
     save_checkpoint(ckpt, path)
 
     model, ema = nn.Linear(3, 2), ModelEMA(nn.Linear(3, 2))
-    start, _ = restore_training(load_checkpoint(path), model, torch.optim.SGD(model.parameters(), lr=0.1), ema)
-    assert start == 3
+    state = restore_training(load_checkpoint(path), model, torch.optim.SGD(model.parameters(), lr=0.1), ema)
+    assert state.epoch == 3
     assert torch.equal(model.weight, raw.weight)  # training continues from the raw weights
     assert torch.equal(ema.ema.weight, averaged.weight)  # the EMA from its own
 
@@ -320,3 +322,63 @@ def test_a_fused_optimizer_stays_fused_when_resumed_from_a_non_fused_checkpoint(
     scaler2.step(fused)
     scaler2.update()
     assert fused._step_supports_amp_scaling
+
+
+def test_a_background_save_holds_the_caller_for_the_copy_only_and_lands_in_order(tmp_path):
+    model, optimizer, scaler, ema = trained_state()
+    checkpoints = Checkpointer(tmp_path, opt={"epochs": 3}, background=True)
+    state = TrainState(epoch=1, batch=3, batches=8, batch_size=16, world_size=2, last_opt_step=10, loss=[[1.0, 2, 3]] * 2)
+    checkpoints.save(0, model, ema, optimizer, scaler, 0.5, periodic=False, state=state)
+    with torch.no_grad():  # training goes on while the file is written: the snapshot must not see it
+        for p in model.parameters():
+            p.add_(1.0)
+    checkpoints.save(0, model, ema, optimizer, scaler, 0.5, periodic=False, state=dataclasses.replace(state, batch=5))
+    checkpoints.wait()
+    ckpt = load_checkpoint(tmp_path / "weights" / "last.pt")
+    assert TrainState.from_checkpoint(ckpt) == dataclasses.replace(state, batch=5)  # the newer save, last
+    assert torch.equal(ckpt["train_model"]["0.weight"], model[0].weight.detach())
+    assert temp_files(tmp_path / "weights") == []
+
+
+def test_a_failed_background_save_is_raised_in_the_callers_thread(tmp_path):
+    (tmp_path / "weights").write_text("a file where the directory should be")
+    checkpoints = Checkpointer(tmp_path, background=True)
+    model = nn.Linear(2, 1)
+    checkpoints.save(0, model, ModelEMA(model))  # returns at once; the write fails in the thread
+    with pytest.raises(CheckpointWriteError, match=r"weights/last.pt.*no file was written"):
+        checkpoints.wait()
+    checkpoints.wait()  # reported once
+
+
+def test_the_save_clock_is_due_after_its_interval_and_never_when_off(tmp_path):
+    model = nn.Linear(2, 1)
+    assert not Checkpointer(tmp_path).save_due()
+    clock = Checkpointer(tmp_path, interval_minutes=0.001)
+    time.sleep(0.1)
+    assert clock.save_due()
+    clock.save(0, model, ModelEMA(model))
+    assert not clock.save_due()  # every save restarts it
+
+
+def test_train_state_round_trips_and_is_stripped(tmp_path):
+    model, optimizer, scaler, ema = trained_state()
+    state = TrainState(epoch=2, batch=5, batches=8, batch_size=16, world_size=2, last_opt_step=20,
+                       loss=[[0.1, 0.2, 0.3], [0.3, 0.2, 0.1]], best_fitness=0.4, best_epoch=1,
+                       last_val={"metrics": {"map": 0.3}, "val_loss": [1.0, 2.0, 3.0], "maps": [0.1, 0.2]})  # fmt: skip
+    Checkpointer(tmp_path).save(1, model, ema, optimizer, scaler, 0.4, periodic=False, state=state)
+    loaded = restore_training(load_checkpoint(tmp_path / "weights" / "last.pt"), model, optimizer, ema, scaler)
+    assert loaded == state and loaded.where() == "epoch 3, batch 5/8"
+    assert torch.equal(loaded.rank_loss(1, 2), torch.tensor([0.3, 0.2, 0.1]))  # its own at the same scale
+    assert torch.allclose(loaded.rank_loss(0, 1), torch.tensor([0.2, 0.2, 0.2]))  # the ranks' mean at another
+    metrics, val_loss = loaded.metrics()
+    assert metrics == {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.3} and val_loss.tolist() == [1, 2, 3]
+    strip_optimizer(tmp_path / "weights" / "last.pt")
+    assert "train_state" not in load_checkpoint(tmp_path / "weights" / "last.pt")
+
+
+def test_a_text_file_is_named_as_what_it_is(tmp_path):
+    path = tmp_path / "weights.pt"
+    path.write_text("epochs: 3\nlr0: 0.01\n")
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(info.value) == f'checkpoint {path} is not a torch checkpoint: a text file of 20 bytes beginning "epochs: 3"'

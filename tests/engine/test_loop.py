@@ -19,11 +19,14 @@ from ddp_utils.engine import (
     ModelEMA,
     TrainStep,
     Warmup,
+    build_checkpoint,
     lr_lambda,
     resolve_amp,
+    restore_training,
     smart_optimizer,
     train_one_epoch,
 )
+from ddp_utils.engine.signals import Polled
 from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains
 
 from ..multiproc import describe, launch, records
@@ -181,3 +184,75 @@ def test_bf16_autocast_on_cpu_trains_without_a_scaler():
     stats = train_one_epoch(step, batches(2), 0, CPU)
     assert torch.isfinite(stats.loss).all() and step.optimizer_steps == 2 and not scaler.is_enabled()
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+class RequestAt:
+    """A stand-in for PreemptionHandler.poll: a stop (or a save) asked for at given calls, as every rank would see it."""
+
+    def __init__(self, stop_at: int | None = None, save_at: int | None = None) -> None:
+        self.calls, self.stop_at, self.save_at = -1, stop_at, save_at
+
+    def poll(self, save_due: bool = False) -> Polled:
+        self.calls += 1
+        return Polled(stop=self.calls == self.stop_at, save=self.calls == self.save_at or save_due)
+
+
+def plain_step(accumulate: int = 4):
+    model, optimizer, ema, compute_loss, _warmup, scaler, _ = fresh_run(10, False)
+    return TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, None)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("asked_at", "stopped_after"), [(1, 4), (3, 4), (5, 8), (8, 10)])
+def test_a_stop_waits_for_the_optimizer_step_that_ends_the_accumulation_window(asked_at, stopped_after):
+    step = plain_step(accumulate=4)  # optimizer steps after batches 3 and 7 (0-based)
+    stats = train_one_epoch(step, batches(10), 0, CPU, preemption=RequestAt(stop_at=asked_at))
+    assert stats.stopped and stats.batch == stopped_after  # 10: no window closes before the epoch's end
+    assert step.optimizer_steps == stopped_after // 4 and stats.images == 2 * stopped_after
+    if stopped_after < 10:  # nothing half-accumulated is left behind
+        assert all(p.grad is None for p in step.model.parameters())
+
+
+@pytest.mark.timeout(200)
+def test_a_periodic_save_comes_after_the_next_optimizer_step_and_training_goes_on():
+    step, seen = plain_step(accumulate=4), []
+    stats = train_one_epoch(
+        step, batches(10), 0, CPU, preemption=RequestAt(save_at=5), on_save=lambda s: seen.append((s.batch, step.last_opt_step))
+    )
+    assert seen == [(8, 7)] and not stats.stopped and stats.batch == 10 and step.optimizer_steps == 2
+    asked = []  # the clock is asked once per step, on the rank that keeps it
+    train_one_epoch(step, batches(3), 1, CPU, nb=3, preemption=RequestAt(), save_due=lambda: asked.append(1) or False)
+    assert len(asked) == 3
+
+
+@pytest.mark.timeout(300)
+def test_an_epoch_stopped_and_continued_from_its_checkpoint_equals_the_whole_epoch_bit_for_bit():
+    torch.set_num_threads(1)
+    nb, loader = 6, batches(6)
+    whole = fresh_run(nb, True)
+    model, optimizer, ema, compute_loss, warmup, scaler, scale = whole
+    step = TrainStep(model, optimizer, scaler, ema, compute_loss, 2, warmup, multi_scale=scale)
+    reference = [train_one_epoch(step, loader, epoch, CPU, nb=nb).loss for epoch in range(2)]
+
+    parts = fresh_run(nb, True)
+    model, optimizer, ema, compute_loss, warmup, scaler, scale = parts
+    step = TrainStep(model, optimizer, scaler, ema, compute_loss, 2, warmup, multi_scale=scale)
+    train_one_epoch(step, loader, 0, CPU, nb=nb)
+    stopped = train_one_epoch(step, loader, 1, CPU, nb=nb, preemption=RequestAt(stop_at=2))
+    assert stopped.stopped and 0 < stopped.batch < nb and step.last_opt_step == nb + stopped.batch - 1
+    ckpt = build_checkpoint(ema.ema, train_model=model, optimizer=optimizer, ema_updates=ema.updates, epoch=0)
+    position = dict(epoch=1, batch=stopped.batch, last_opt_step=step.last_opt_step, loss=[stopped.loss.tolist()])
+
+    model, optimizer, ema, compute_loss, warmup, scaler, scale = fresh_run(nb, True)  # a new process
+    state = restore_training({**ckpt, "train_state": position}, model, optimizer, ema, scaler)
+    step = TrainStep(model, optimizer, scaler, ema, compute_loss, 2, warmup, multi_scale=scale,
+                     last_opt_step=state.last_opt_step)  # fmt: skip
+    rest = train_one_epoch(step, loader[state.batch :], 1, CPU, nb=nb, start=state.batch, loss=state.rank_loss(0, 1))
+    assert torch.equal(rest.loss, reference[1]) and rest.batch == nb and not rest.stopped
+    for (name, a), b in zip(whole[0].state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    for (name, a), b in zip(whole[2].ema.state_dict().items(), ema.ema.state_dict().values()):
+        assert torch.equal(a, b), f"ema {name}"
+    assert whole[1].state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
+    for a, b in zip(whole[1].state_dict()["state"].values(), optimizer.state_dict()["state"].values()):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
