@@ -232,27 +232,19 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
     """The epochs: train, validate, log, save; stop early, on a signal (save, requeue) or at the end.
 
     A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer
-    step; last.pt then records the batch, and --resume continues at the next one.
+    step: last.pt records the batch, and --resume continues at the next one, with any number of processes.
     """
     opt, step = run.opt, fit.step
     logger, stopper, checkpoints = open_records(run, fit, info)
     requeue = engine.signals.requeue_signal(opt.requeue_signal)  # checked by check_options
-    signals = dict(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(requeue,) if requeue else ())
+    stop_signals = dict(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(requeue,) if requeue else ())
     signalled = stop = False
-    with engine.PreemptionHandler(**signals) as preemption:
+    with engine.PreemptionHandler(**stop_signals) as preemption:
         while fit.state.epoch < run.epochs and not (signalled or stop):
-            epoch, start = fit.state.epoch, fit.state.batch
-            if opt.image_weights:  # YOLOv5's: rare and badly detected classes drawn more (single process)
-                fit.train_loader.set_image_weights(epoch_image_weights(fit.labels, run.nc, fit.state.last_val.get("maps")))
-            fit.train_loader.set_epoch(epoch, start_batch=start)
-            plot = first_batches_plotter(run.save_dir, run.names, info.is_main and epoch == 0 and not opt.noplots)
-            batches = DevicePrefetcher(fit.train_loader, device, step.channels_last)  # on CUDA: copies overlap
-            due = checkpoints.save_due if info.is_main and not opt.nosave else None  # rank 0's clock, agreed in the poll
-            saves = dict(preemption=preemption, save_due=due, on_save=lambda now: save_at(now, fit, checkpoints, info))
-            loop = dict(start=start, loss=fit.state.rank_loss(info.rank, info.world_size), epochs=run.epochs)
-            stats = engine.train_one_epoch(step, batches, epoch, device, **loop, **saves, progress=info.is_main, on_batch=plot)
-            if stats.stopped:  # every rank stopped after the same step: last.pt records it, --resume goes on from there
-                save_at(stats, fit, checkpoints, info, stopped=True)
+            epoch = fit.state.epoch
+            stats = train_epoch(run, fit, device, info, preemption, checkpoints)
+            if stats.stopped:  # every rank stopped after the same step (or at the epoch's end, not validated)
+                save_mid_epoch(stats, fit, checkpoints, info, stopped=True)
                 signalled = True
                 break
             lrs = [group["lr"] for group in step.optimizer.param_groups]
@@ -268,7 +260,7 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
             if info.is_main and (not opt.nosave or epoch + 1 == run.epochs or stop):
                 parts = (epoch, step.model, step.ema, step.optimizer, step.scaler, fit.state.best_fitness)
                 checkpoints.save(*parts, best=best, state=fit.state)
-            signalled = preemption.requested_anywhere()  # during validation: the epoch is saved whole
+            signalled = preemption.requested_anywhere()  # a signal during validation: the epoch is saved whole
         checkpoints.wait()
         if signalled and preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
             engine.signals.requeue_job()
@@ -280,24 +272,52 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
     return fit.state.metrics()[0]
 
 
-def save_at(stats: engine.EpochStats, fit: Training, checkpoints, info: du.DistInfo, stopped: bool = False) -> None:
-    """Every rank: last.pt in the middle of an epoch, at the batch ``stats`` ended (rank 0 writes).
+def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, preemption, checkpoints):
+    """One epoch, or what a resumed one has left: the loader starts at the batch to continue at."""
+    opt, state = run.opt, fit.state
+    if opt.image_weights:  # YOLOv5's --image-weights: rare and badly detected classes drawn more often
+        fit.train_loader.set_image_weights(epoch_image_weights(fit.labels, run.nc, state.last_val.get("maps")))
+    fit.train_loader.set_epoch(state.epoch, start_batch=state.batch)
+    batches = DevicePrefetcher(fit.train_loader, device, fit.step.channels_last)  # on CUDA: copies overlap
+    plot = first_batches_plotter(run.save_dir, run.names, info.is_main and state.epoch == 0 and not opt.noplots)
+    clock = checkpoints.save_due if info.is_main and not opt.nosave else None  # rank 0's; the poll tells every rank
+    return engine.train_one_epoch(
+        fit.step,
+        batches,
+        state.epoch,
+        device,
+        start=state.batch,
+        loss=state.rank_loss(info.rank, info.world_size),
+        epochs=run.epochs,
+        preemption=preemption,
+        save_due=clock,
+        on_save=lambda now: save_mid_epoch(now, fit, checkpoints, info),
+        progress=info.is_main,
+        on_batch=plot,
+    )
 
-    The ranks' running losses are gathered (a collective) so results.csv's epoch mean comes out the same.
+
+def save_mid_epoch(stats: engine.EpochStats, fit: Training, checkpoints, info: du.DistInfo, stopped=False) -> None:
+    """Every rank: last.pt at the batch ``stats`` reached (rank 0 writes; the others go on at once).
+
+    The ranks' running losses are gathered (a collective) so the epoch's mean loss comes out the same.
     """
     state = dataclasses.replace(
-        fit.state, batch=stats.batch, last_opt_step=fit.step.last_opt_step, loss=gather_losses(stats.loss)
+        fit.state,
+        batch=stats.batch,
+        last_opt_step=fit.step.last_opt_step,
+        loss=gather_losses(stats.loss),
+        world_size=info.world_size,
     )
-    state.world_size = info.world_size
-    if info.is_main:
-        step = fit.step
-        checkpoints.save(state.epoch - 1, step.model, step.ema, step.optimizer, step.scaler, state.best_fitness,
-                         periodic=False, state=state)  # fmt: skip
-        last = checkpoints.last
-        if stopped:
-            du.LOGGER.warning(f"stopped at {state.where()}: saved {last}; continue with: python train.py --resume {last}")
-        else:
-            du.LOGGER.info(f"saved {last} at {state.where()} (the step waited {checkpoints.blocked_seconds:.2f} s)")
+    if not info.is_main:
+        return
+    step, last = fit.step, checkpoints.last
+    parts = (state.epoch - 1, step.model, step.ema, step.optimizer, step.scaler, state.best_fitness)
+    checkpoints.save(*parts, periodic=False, state=state)
+    if stopped:
+        du.LOGGER.warning(f"stopped at {state.where()}: saved {last}; continue with: python train.py --resume {last}")
+    else:
+        du.LOGGER.info(f"saved {last} at {state.where()} (training waited {checkpoints.blocked_seconds:.2f} s)")
 
 
 def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:

@@ -18,7 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +144,45 @@ def collect(procs: list[subprocess.Popen], start: float, timeout: float, what: s
             report.append(f"--- rank {rank} (rc {proc.returncode})\n{out}\n{err}")
         raise AssertionError(f"{what}: still running after {timeout:.0f} s; killed\n" + "\n".join(report))
     return results  # type: ignore[return-value]
+
+
+def run_watching(
+    cmd: list[str],
+    env: dict[str, str],
+    timeout: float,
+    on_line: Callable[[str, subprocess.Popen], None],
+    cwd: Path = REPO_ROOT,
+) -> Worker:
+    """Run ``cmd``, calling ``on_line(line, proc)`` on each line of its stderr as it comes (to signal it at a
+    point of its progress); kill it and fail past ``timeout``."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    err: list[str] = []
+    out: list[str] = []
+
+    def pump_err() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            err.append(line)
+            on_line(line, proc)
+
+    threads = [threading.Thread(target=pump_err), threading.Thread(target=lambda: out.extend(proc.stdout))]
+    for thread in threads:
+        thread.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.wait()
+        for thread in threads:
+            thread.join(timeout=10)
+        raise AssertionError(
+            f"{' '.join(cmd[:6])}: still running after {timeout:.0f} s; killed\n{''.join(err)}"
+        ) from None
+    for thread in threads:
+        thread.join(timeout=30)
+    return Worker(0, proc.returncode, "".join(out), "".join(err), time.monotonic() - start)
 
 
 def records(workers: list[Worker]) -> list[dict]:

@@ -1,14 +1,23 @@
-"""``train.py --resume`` refuses before it writes: real train.py processes on the CPU, run directories byte-checked.
+"""``train.py --resume``: real train.py processes on the CPU, stopped anywhere, resumed anywhere.
 
-Everything that can refuse a resume (a missing file, a file that is not a run's weights/last.pt,
-a stripped, converted or YOLOv5 checkpoint) is one line and exit code 2 with every file of the
-run directory untouched; a finished run exits 0, also without a write. A run is resumed from its
-``weights/last.pt``, as YOLOv5 resumes: best.pt and epochN.pt start new runs through --weights.
+- A run stopped by a signal in the middle of an epoch (during the warm-up, after it, inside an
+  accumulation window) and resumed ends bit-identical to one never stopped: last.pt (weights, EMA,
+  optimizer) and results.csv, with ``--multi-scale`` and ``--image-weights`` too.
+- A run saved by 2 processes resumes with 1 and one saved by 1 with 2 (the same total batch),
+  ending as close to the uninterrupted run as float rounding allows; a total the new number of
+  processes cannot share is one line, before anything is written.
+- Everything that can refuse a resume (a missing file, a file that is not a run's weights/last.pt,
+  a last.pt copied alone into another directory, a stripped, converted or YOLOv5 checkpoint) is
+  one line and exit code 2 with every path under the test's directory (folders included, the
+  run's working directory among them) untouched; a finished run exits 0, also without a write.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,39 +27,184 @@ import torch
 import yaml
 from torch import nn
 
-from ddp_utils.engine import Checkpointer, ModelEMA, strip_optimizer
-from tests.multiproc import describe
-from tests.test_train import run, train_env
+from ddp_utils.data import make_shapes_dataset
+from ddp_utils.engine import Checkpointer, ModelEMA, TrainState, load_checkpoint, strip_optimizer
+from tests.multiproc import REPO_ROOT, describe, run_watching
+from tests.test_train import results, run, torchrun, train_env
 
 pytestmark = pytest.mark.timeout(200)
 
+PROGRESS = re.compile(r"^(\d+)/\d+ .* (\d+)/(\d+) \d+%")  # a plain progress line: "epoch/epochs ... batch/batches 37%"
+NB = 8  # batches per epoch: 64 images, 8 per step
 
-def make_run(project: Path, epochs: int = 3, epoch_done: int = 0) -> Path:
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    """64 + 16 synthetic images, and hyperparameters whose warm-up ends early in epoch 1 (4 iterations)."""
+    root = tmp_path_factory.mktemp("resume")
+    make_shapes_dataset(root / "shapes", n_train=64, n_val=16, size=(128, 160), seed=0, max_objects=4)
+    data_yaml = root / "shapes.yaml"
+    data_yaml.write_text(
+        f"path: {root / 'shapes'}\ntrain: images/train\nval: images/val\n"
+        "names: {0: circle, 1: square, 2: triangle, 3: star}\n"
+    )
+    hyp = yaml.safe_load((REPO_ROOT / "configs" / "hyps" / "hyp.shapes.yaml").read_text())
+    hyp.update(warmup_epochs=0.5, warmup_min_iters=2)
+    (root / "hyp.yaml").write_text(yaml.safe_dump(hyp))
+    return {"data": data_yaml, "hyp": root / "hyp.yaml"}
+
+
+def args(data: dict[str, Path], project: Path, name: str, *extra: str) -> list[str]:
+    return [
+        "train.py", "--data", str(data["data"]), "--hyp", str(data["hyp"]), "--cfg", "yolov5n.yaml",
+        "--imgsz", "128", "--batch-size", "8", "--device", "cpu", "--project", str(project), "--name", name, *extra,
+    ]  # fmt: skip
+
+
+def progress_env() -> dict[str, str]:
+    return train_env() | {"DDP_UTILS_PROGRESS": "plain", "DDP_UTILS_PROGRESS_SECONDS": "0"}
+
+
+def signal_at(epoch: int, batch: int, sig: int = signal.SIGTERM):
+    """An ``on_line`` that sends ``sig`` once rank 0's progress shows ``epoch`` (from 1) at ``batch`` or later."""
+    sent = []
+
+    def on_line(line: str, proc: subprocess.Popen) -> None:
+        match = PROGRESS.match(line)
+        if match and not sent and int(match.group(1)) == epoch and int(match.group(2)) >= batch:
+            sent.append(line)
+            proc.send_signal(sig)
+
+    return on_line
+
+
+def stop_and_resume(cmd: list[str], last: Path, epoch: int, batch: int, resume_cmd: list[str]) -> TrainState:
+    """Run ``cmd`` until a SIGTERM at (epoch, batch) stops it mid-epoch, check where it stopped, resume it."""
+    stopped = run_watching(cmd, progress_env(), 180, signal_at(epoch, batch))
+    assert stopped.returncode in (0, 1), describe([stopped])  # torchrun's agent reports the signal: 1
+    state = TrainState.from_checkpoint(load_checkpoint(last))
+    assert f"stopped at {state.where()}: saved {last}" in stopped.stderr, describe([stopped])
+    assert state.epoch == epoch - 1 and batch <= state.batch < NB, state  # in the middle, as asked
+    # after a whole optimizer step: the accumulation window was finished, nothing is half-accumulated
+    assert state.last_opt_step == state.epoch * NB + state.batch - 1, state
+    resumed = run(resume_cmd, train_env(), 180)
+    assert resumed.returncode == 0, describe([resumed])
+    assert f"resuming {last.parent.parent} at {state.where()}" in resumed.stderr, describe([resumed])
+    return state
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    """Two runs' last.pt (raw weights, EMA, optimizer, EMA updates) and results.csv, bit for bit."""
+    ca, cb = load_checkpoint(a / "weights" / "last.pt"), load_checkpoint(b / "weights" / "last.pt")
+    for key in ("train_model", "model"):
+        for name, tensor in ca[key].items():
+            assert torch.equal(tensor, cb[key][name]), f"{key} {name}"
+    assert ca["ema_updates"] == cb["ema_updates"] and ca["optimizer"]["param_groups"] == cb["optimizer"]["param_groups"]
+    for i, state in ca["optimizer"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], cb["optimizer"]["state"][i]["momentum_buffer"]), i
+    assert ca["train_state"] == cb["train_state"]
+    assert (a / "results.csv").read_bytes() == (b / "results.csv").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_stopped_in_the_warm_up_and_after_it_the_run_ends_bit_identical(data, tmp_path):
+    common = ("--epochs", "3", "--workers", "2")
+    full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), 180)
+    assert full.returncode == 0, describe([full])
+    cut = tmp_path / "cut"
+    last = cut / "weights" / "last.pt"
+    resume = [sys.executable, "train.py", "--resume", str(last)]
+    early = stop_and_resume([sys.executable, *args(data, tmp_path, "cut", *common)], last, 1, 1, resume)
+    assert early.batch * 1 <= 4  # warm-up: 4 iterations
+    # the resumed run is stopped again, after the warm-up; then it runs to the end
+    stopped = run_watching(resume, progress_env(), 180, signal_at(3, 3))
+    assert stopped.returncode == 0, describe([stopped])
+    late = TrainState.from_checkpoint(load_checkpoint(last))
+    assert late.epoch == 2 and 3 <= late.batch < NB and late.last_opt_step == 2 * NB + late.batch - 1, late
+    again = run(resume, train_env(), 180)
+    assert again.returncode == 0 and f"resuming {cut} at epoch 3, batch {late.batch}/8" in again.stderr
+    assert [r["epoch"] for r in results(cut)] == [0.0, 1.0, 2.0]  # each epoch once
+    assert_bit_identical(tmp_path / "full", cut)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_multi_scale_and_image_weights_carry_over_a_mid_epoch_resume_bit_for_bit(data, tmp_path):
+    common = ("--epochs", "3", "--workers", "1", "--multi-scale", "--image-weights")
+    full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), 180)
+    assert full.returncode == 0, describe([full])
+    last = tmp_path / "cut" / "weights" / "last.pt"
+    cmd = [sys.executable, *args(data, tmp_path, "cut", *common)]
+    stop_and_resume(cmd, last, 3, 2, [sys.executable, "train.py", "--resume", str(last)])
+    assert_bit_identical(tmp_path / "full", tmp_path / "cut")
+
+
+def relative_difference(a: Path, b: Path) -> float:
+    """``||a - b|| / ||a||`` over the raw weights of two runs' last.pt."""
+    wa, wb = (load_checkpoint(p / "weights" / "last.pt")["train_model"] for p in (a, b))
+    floats = [k for k, v in wa.items() if v.is_floating_point()]
+    diff = sum(float((wa[k].double() - wb[k].double()).square().sum()) for k in floats)
+    return (diff / sum(float(wa[k].double().square().sum()) for k in floats)) ** 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("saved_by", "resumed_by"), [(2, 1), (1, 2)])
+def test_a_run_resumes_with_another_number_of_processes_within_float_rounding(data, tmp_path, saved_by, resumed_by):
+    common = ("--epochs", "1", "--workers", "0", "--sync-bn", "--seed", "3")
+
+    def command(nproc: int, *rest: str) -> list[str]:
+        return torchrun(nproc, *rest) if nproc > 1 else [sys.executable, *rest]
+
+    full = run(command(saved_by, *args(data, tmp_path, "full", *common)), train_env(), 300)
+    assert full.returncode == 0, describe([full])
+    last = tmp_path / "cut" / "weights" / "last.pt"
+    resume = command(resumed_by, "train.py", "--resume", str(last))
+    state = stop_and_resume(command(saved_by, *args(data, tmp_path, "cut", *common)), last, 1, 3, resume)
+    assert state.world_size == saved_by
+    resumed_log = run(resume, train_env(), 5)  # finished: a resume now changes nothing and says so
+    assert "has finished all 1 epochs" in resumed_log.stderr, describe([resumed_log])
+    assert [r["epoch"] for r in results(tmp_path / "cut")] == [0.0]
+    # what it gives away against the uninterrupted run: float rounding (2 x 4 vs 1 x 8 after one epoch ~4e-6)
+    assert relative_difference(tmp_path / "full", tmp_path / "cut") < 1e-4
+
+
+# ---- what a resume refuses, before anything is written ----
+
+
+def make_run(project: Path, epochs: int = 3, epoch_done: int = 0, name: str = "exp") -> Path:
     """A run directory as train.py leaves it after ``epoch_done + 1`` epochs (a tiny model stands in)."""
-    save_dir = project / "exp"
+    save_dir = project / name
     save_dir.mkdir(parents=True)
-    opt = {"epochs": epochs, "data": "shapes.yaml", "project": str(project), "name": "exp", "save_dir": str(save_dir)}
+    opt = {"epochs": epochs, "data": "shapes.yaml", "project": str(project), "name": name, "save_dir": str(save_dir),
+           "run_key": f"single/pid={name}", "batch_size": 8}  # fmt: skip
     (save_dir / "opt.yaml").write_text(yaml.safe_dump(opt))
     (save_dir / "hyp.yaml").write_text("lr0: 0.01\n")
     (save_dir / "results.csv").write_text("epoch,metrics/mAP_0.5\n0,0.1\n")
     model = nn.Linear(2, 1)
     checkpoints = Checkpointer(save_dir, opt=opt, hyp={"lr0": 0.01}, save_period=1)
-    checkpoints.save(epoch_done, model, ModelEMA(model), torch.optim.SGD(model.parameters(), lr=0.1), best=True)
+    state = TrainState(epoch=epoch_done + 1, batches=8, batch_size=8)
+    checkpoints.save(epoch_done, model, ModelEMA(model), torch.optim.SGD(model.parameters(), lr=0.1), best=True,
+                     state=state)  # fmt: skip
     return save_dir
 
 
-def snapshot(directory: Path) -> dict[str, tuple[int, bytes]]:
+def snapshot(directory: Path) -> dict[str, tuple]:
+    """Every path below ``directory``, folders included: its kind, mtime and (for files) bytes."""
     return {
-        str(p.relative_to(directory)): (p.stat().st_mtime_ns, p.read_bytes())
-        for p in directory.rglob("*")
-        if p.is_file()
+        str(p.relative_to(directory)): (p.is_dir(), p.stat().st_mtime_ns, None if p.is_dir() else p.read_bytes())
+        for p in sorted(directory.rglob("*"))
     }
 
 
-def resume(target: Path, project: Path):
+def resume(target: Path, root: Path, *extra: str):
+    """``train.py --resume target`` with its working directory, project and datasets folder inside ``root``."""
     time.sleep(0.01)  # a rewrite within the same clock tick would keep the mtime
-    cmd = [sys.executable, "train.py", "--device", "cpu", "--project", str(project), "--resume", str(target)]
-    return run(cmd, train_env(), 180)
+    cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--device", "cpu", "--resume", str(target), *extra]
+    env = train_env(datasets=root / "datasets")
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=180, check=False)
 
 
 def assert_refused(result, *named: str) -> None:
@@ -61,60 +215,92 @@ def assert_refused(result, *named: str) -> None:
 
 
 def test_a_stripped_last_pt_is_refused_before_anything_is_written(tmp_path):
-    project = tmp_path / "runs"
-    save_dir = make_run(project)
+    save_dir = make_run(tmp_path / "runs")
     strip_optimizer(save_dir / "weights" / "last.pt")  # what strip_optimizer leaves: epoch -1, no optimizer
-    before = snapshot(project)
-    assert_refused(resume(save_dir / "weights" / "last.pt", project), "stripped", "--weights")
-    assert snapshot(project) == before
+    before = snapshot(tmp_path)
+    assert_refused(resume(save_dir / "weights" / "last.pt", tmp_path), "stripped", "--weights")
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("name", ["best.pt", "epoch0.pt"])
 def test_only_a_runs_last_pt_resumes_and_its_opt_yaml_stays(tmp_path, name):
-    project = tmp_path / "runs"
-    save_dir = make_run(project)
-    before = snapshot(project)
-    assert_refused(resume(save_dir / "weights" / name, project), name, "weights/last.pt", "--weights")
-    assert snapshot(project) == before
+    save_dir = make_run(tmp_path / "runs")
+    before = snapshot(tmp_path)
+    assert_refused(resume(save_dir / "weights" / name, tmp_path), name, "weights/last.pt", "--weights")
+    assert snapshot(tmp_path) == before
 
 
 def test_a_last_pt_outside_its_run_is_refused_and_the_directory_above_stays_empty(tmp_path):
-    project = tmp_path / "runs"
-    save_dir = make_run(project)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    shutil.copy(save_dir / "weights" / "last.pt", scratch / "last.pt")
+    save_dir = make_run(tmp_path / "runs")
+    (tmp_path / "scratch").mkdir()
+    shutil.copy(save_dir / "weights" / "last.pt", tmp_path / "scratch" / "last.pt")
     before = snapshot(tmp_path)
-    assert_refused(resume(scratch / "last.pt", project), str(scratch / "last.pt"), "<run>/weights/last.pt")
+    copy = tmp_path / "scratch" / "last.pt"
+    assert_refused(resume(copy, tmp_path), str(copy), "<run>/weights/last.pt")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("beside", ["nothing", "another run"])
+def test_a_last_pt_copied_alone_into_another_run_directory_is_refused(tmp_path, beside):
+    save_dir = make_run(tmp_path / "runs")
+    other = make_run(tmp_path / "runs", name="exp2") if beside == "another run" else tmp_path / "runs" / "exp2"
+    (other / "weights").mkdir(parents=True, exist_ok=True)
+    shutil.copy(save_dir / "weights" / "last.pt", other / "weights" / "last.pt")
+    before = snapshot(tmp_path)
+    copy = other / "weights" / "last.pt"
+    assert_refused(resume(copy, tmp_path), str(copy), f"saved by the run in {save_dir}", "--weights")
+    assert snapshot(tmp_path) == before
+
+
+def test_a_whole_run_directory_moved_elsewhere_still_resumes(tmp_path):
+    save_dir = make_run(tmp_path / "runs", epochs=1, epoch_done=0)  # finished: resuming it writes nothing
+    moved = tmp_path / "elsewhere" / "exp"
+    moved.parent.mkdir()
+    shutil.move(save_dir, moved)
+    before = snapshot(tmp_path)
+    result = resume(moved / "weights" / "last.pt", tmp_path)
+    assert result.returncode == 0 and "has finished all 1 epochs" in result.stderr, describe([result])
     assert snapshot(tmp_path) == before
 
 
 def test_a_yolov5_checkpoint_is_refused_naming_weights(tmp_path):
-    yolo_yaml = Path(__file__).resolve().parents[1] / "configs" / "models" / "yolov5n.yaml"
+    yolo_yaml = REPO_ROOT / "configs" / "models" / "yolov5n.yaml"
     from tests.yolo import yolov5_standins as v5
     from tests.yolo.test_foreign import save_yolov5
 
-    project = tmp_path / "runs"
-    save_dir = make_run(project)
+    save_dir = make_run(tmp_path / "runs")
     model = v5.build(yaml.safe_load(yolo_yaml.read_text()))
     save_yolov5(v5.yolov5_checkpoint(model, epoch=5), save_dir / "weights" / "last.pt")  # YOLOv5's own, pickled
-    before = snapshot(project)
-    assert_refused(resume(save_dir / "weights" / "last.pt", project), "YOLOv5", "--weights")
-    assert snapshot(project) == before
+    before = snapshot(tmp_path)
+    assert_refused(resume(save_dir / "weights" / "last.pt", tmp_path), "YOLOv5", "--weights")
+    assert snapshot(tmp_path) == before
 
 
 def test_a_missing_last_pt_is_refused(tmp_path):
-    project = tmp_path / "runs"
-    missing = project / "exp" / "weights" / "last.pt"
-    assert_refused(resume(missing, project), str(missing), "no such checkpoint")
-    assert not project.exists()
+    missing = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    before = snapshot(tmp_path)
+    assert_refused(resume(missing, tmp_path), str(missing), "no such checkpoint")
+    assert snapshot(tmp_path) == before
 
 
 def test_a_finished_run_exits_0_without_a_write(tmp_path):
-    project = tmp_path / "runs"
-    save_dir = make_run(project, epochs=2, epoch_done=1)
-    before = snapshot(project)
-    result = resume(save_dir / "weights" / "last.pt", project)
+    save_dir = make_run(tmp_path / "runs", epochs=2, epoch_done=1)
+    before = snapshot(tmp_path)
+    result = resume(save_dir / "weights" / "last.pt", tmp_path)
     assert result.returncode == 0, describe([result])
     assert "has finished all 2 epochs: nothing to resume" in result.stderr + result.stdout, describe([result])
-    assert snapshot(project) == before
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_a_total_batch_the_new_number_of_processes_cannot_share_is_one_line(tmp_path):
+    save_dir = make_run(tmp_path / "runs")  # 8 images per step in total
+    before = snapshot(tmp_path)
+    cmd = torchrun(3, str(REPO_ROOT / "train.py"), "--device", "cpu", "--resume", str(save_dir / "weights" / "last.pt"))
+    result = subprocess.run(cmd, cwd=tmp_path, env=train_env(datasets=tmp_path / "datasets"), capture_output=True,
+                            text=True, timeout=180, check=False)  # fmt: skip
+    assert result.returncode == 1, describe([result])  # torchrun's own code when a worker fails (each exits 2)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(errors) == 1 and "8 images per step in total, which 3 processes cannot share" in errors[0], result.stderr
+    assert snapshot(tmp_path) == before

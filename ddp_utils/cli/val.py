@@ -29,9 +29,8 @@ import torch.distributed as dist
 import ddp_utils as du
 
 from ..data import check_dataset, create_val_dataloader
-from ..engine.checkpoint import CheckpointError
+from ..engine.checkpoint import CheckpointError, load_pretrained
 from ..engine.loggers import increment_path
-from ..engine.checkpoint import load_pretrained
 from ..progress import PROGRESS_MODES, set_progress_mode
 from ..yamls import DataConfigError
 from ..yolo import Model

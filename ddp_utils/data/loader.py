@@ -128,7 +128,7 @@ class EpochLoader:
         return len(self.sampler)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """Make the next pass over the loader epoch ``epoch`` (its shuffle and augmentation), from its batch ``start_batch``.
+        """Make the next pass over the loader epoch ``epoch`` (its order and augmentation), from batch ``start_batch``.
 
         Raises:
             ValueError: ``start_batch`` is not in ``[0, len(self)]``.

@@ -193,7 +193,7 @@ class Checkpointer:
         self.interval = max(float(interval_minutes), 0.0) * 60
         self.writer = BackgroundWriter() if background else None
         self.last_saved = time.monotonic()
-        self.blocked_seconds = 0.0  # how long the last save held its caller up (the snapshot, and the write if not background)
+        self.blocked_seconds = 0.0  # how long the last save held its caller (the snapshot; the write unless background)
 
     def targets(self, epoch: int, best: bool = False, periodic: bool = True) -> list[Path]:
         """The files a save after ``epoch`` writes: last, then best when ``best``, then epochN when due."""
@@ -518,7 +518,7 @@ def restore_training(
 
 
 def gather_losses(loss: torch.Tensor) -> list[list[float]]:
-    """Every rank's running loss, in rank order (a collective: every rank calls it); ``[loss]`` alone without a group."""
+    """Every rank's running loss, in rank order (a collective: every rank calls it); ``[loss]`` without a group."""
     return [list(map(float, item)) for item in all_gather_object(loss.detach().float().cpu().tolist())]
 
 

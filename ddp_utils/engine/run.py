@@ -99,7 +99,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
 
     Examples:
         >>> check_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
-        ...                                  rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
+        ...               resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
         Traceback (most recent call last):
         ValueError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
     """
@@ -107,7 +107,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
         raise ValueError(
             f"--batch-size {opt.batch_size}: give the total batch size, a positive integer, or -1 (AutoBatch)"
         )
-    if opt.batch_size != -1 and opt.batch_size % world_size:
+    if opt.batch_size != -1 and opt.batch_size % world_size and not opt.resume:  # a resume keeps its recorded total
         raise ValueError(
             f"--batch-size {opt.batch_size} does not divide by WORLD_SIZE={world_size}: use a multiple of {world_size}"
         )

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from ..log import LOGGER
-from .plots import plot_images, plot_results
 from .checkpoint import strip_optimizer
+from .plots import plot_images, plot_results
 
 EPOCH_LINE = re.compile(r"\bepoch (\d+)/\d+: [^\n]*?([0-9.]+) img/s, data wait ([0-9.]+)%")
 

@@ -148,7 +148,7 @@ class PreemptionHandler:
         return any_rank(self.requested()) or earlier
 
     def poll(self, save_due: bool = False) -> Polled:
-        """Whether any rank had received a signal (or asked for a save) at the previous call; every rank calls it each step.
+        """Whether any rank had a signal (or asked for a save) at the previous call; every rank calls it each step.
 
         Each call starts a non-blocking max all-reduce of this process's flags (a signal received;
         ``save_due``: this rank's clock says a periodic checkpoint is due) and returns the result of

@@ -96,7 +96,8 @@ def class_maps(metrics: Mapping[str, float], nc: int) -> np.ndarray:
     """Per-class mAP@0.5:0.95 as YOLOv5's val returns ``maps``: the overall mAP for classes without labels.
 
     Examples:
-        >>> m = DetectionMetrics({"precision": 0, "recall": 0, "map50": 0, "map": 0.4}, [ClassMetrics(1, 1, 2, 0, 0, 0, 0.9)])
+        >>> rows = [ClassMetrics(1, 1, 2, 0, 0, 0, 0.9)]
+        >>> m = DetectionMetrics({"precision": 0, "recall": 0, "map50": 0, "map": 0.4}, rows)
         >>> class_maps(m, 3).tolist()
         [0.4, 0.9, 0.4]
     """

@@ -327,7 +327,9 @@ def test_a_fused_optimizer_stays_fused_when_resumed_from_a_non_fused_checkpoint(
 def test_a_background_save_holds_the_caller_for_the_copy_only_and_lands_in_order(tmp_path):
     model, optimizer, scaler, ema = trained_state()
     checkpoints = Checkpointer(tmp_path, opt={"epochs": 3}, background=True)
-    state = TrainState(epoch=1, batch=3, batches=8, batch_size=16, world_size=2, last_opt_step=10, loss=[[1.0, 2, 3]] * 2)
+    state = TrainState(
+        epoch=1, batch=3, batches=8, batch_size=16, world_size=2, last_opt_step=10, loss=[[1.0, 2, 3]] * 2
+    )
     checkpoints.save(0, model, ema, optimizer, scaler, 0.5, periodic=False, state=state)
     with torch.no_grad():  # training goes on while the file is written: the snapshot must not see it
         for p in model.parameters():
@@ -381,4 +383,6 @@ def test_a_text_file_is_named_as_what_it_is(tmp_path):
     path.write_text("epochs: 3\nlr0: 0.01\n")
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
-    assert str(info.value) == f'checkpoint {path} is not a torch checkpoint: a text file of 20 bytes beginning "epochs: 3"'
+    assert (
+        str(info.value) == f'checkpoint {path} is not a torch checkpoint: a text file of 20 bytes beginning "epochs: 3"'
+    )

@@ -187,7 +187,7 @@ def test_bf16_autocast_on_cpu_trains_without_a_scaler():
 
 
 class RequestAt:
-    """A stand-in for PreemptionHandler.poll: a stop (or a save) asked for at given calls, as every rank would see it."""
+    """A stand-in for PreemptionHandler.poll: a stop (or a save) asked for at given calls, as every rank sees it."""
 
     def __init__(self, stop_at: int | None = None, save_at: int | None = None) -> None:
         self.calls, self.stop_at, self.save_at = -1, stop_at, save_at
@@ -217,7 +217,12 @@ def test_a_stop_waits_for_the_optimizer_step_that_ends_the_accumulation_window(a
 def test_a_periodic_save_comes_after_the_next_optimizer_step_and_training_goes_on():
     step, seen = plain_step(accumulate=4), []
     stats = train_one_epoch(
-        step, batches(10), 0, CPU, preemption=RequestAt(save_at=5), on_save=lambda s: seen.append((s.batch, step.last_opt_step))
+        step,
+        batches(10),
+        0,
+        CPU,
+        preemption=RequestAt(save_at=5),
+        on_save=lambda s: seen.append((s.batch, step.last_opt_step)),
     )
     assert seen == [(8, 7)] and not stats.stopped and stats.batch == 10 and step.optimizer_steps == 2
     asked = []  # the clock is asked once per step, on the rank that keeps it

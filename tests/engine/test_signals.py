@@ -97,3 +97,11 @@ def test_poll_stops_every_rank_at_the_same_step_one_after_the_signal():
     # rank 1's flag goes into the all-reduce started at step 3, whose answer is read at step 4
     assert rank0["stopped_at"] == rank1["stopped_at"] == 4
     assert rank0["anywhere"] is rank1["anywhere"] is True
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_save_asked_for_by_rank_0s_clock_reaches_every_rank_at_the_same_step():
+    workers = launch("tests.workers.engine_scenarios:poll_save_loop", nprocs=2, timeout=100, args=("6", "2"))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    assert [last_json(w.stdout)["saves"] for w in workers] == [[3], [3]]  # asked at 2, seen by both at 3
