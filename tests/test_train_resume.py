@@ -78,8 +78,8 @@ def signal_at(epoch: int, batch: int, sig: int = signal.SIGTERM):
     return on_line
 
 
-def stop_and_resume(cmd: list[str], last: Path, epoch: int, batch: int, resume_cmd: list[str]) -> TrainState:
-    """Run ``cmd`` until a SIGTERM at (epoch, batch) stops it mid-epoch, check where it stopped, resume it."""
+def stopped_at(cmd: list[str], last: Path, epoch: int, batch: int, resumes: TrainState | None = None) -> TrainState:
+    """Run ``cmd`` until a SIGTERM at (epoch, batch) stops it mid-epoch; check where it stopped (and resumed)."""
     stopped = run_watching(cmd, progress_env(), 180, signal_at(epoch, batch))
     assert stopped.returncode in (0, 1), describe([stopped])  # torchrun's agent reports the signal: 1
     state = TrainState.from_checkpoint(load_checkpoint(last))
@@ -87,10 +87,17 @@ def stop_and_resume(cmd: list[str], last: Path, epoch: int, batch: int, resume_c
     assert state.epoch == epoch - 1 and batch <= state.batch < NB, state  # in the middle, as asked
     # after a whole optimizer step: the accumulation window was finished, nothing is half-accumulated
     assert state.last_opt_step == state.epoch * NB + state.batch - 1, state
-    resumed = run(resume_cmd, train_env(), 180)
-    assert resumed.returncode == 0, describe([resumed])
-    assert f"resuming {last.parent.parent} at {state.where()}" in resumed.stderr, describe([resumed])
+    if resumes is not None:
+        assert f"resuming {last.parent.parent} at {resumes.where()}" in stopped.stderr, describe([stopped])
     return state
+
+
+def resumed(cmd: list[str], last: Path, state: TrainState) -> str:
+    """Run the resume ``cmd`` to the end; it says where it continues. Returns its log."""
+    result = run(cmd, train_env(), 240)
+    assert result.returncode == 0, describe([result])
+    assert f"resuming {last.parent.parent} at {state.where()}" in result.stderr, describe([result])
+    return result.stderr
 
 
 def assert_bit_identical(a: Path, b: Path) -> None:
@@ -115,15 +122,10 @@ def test_stopped_in_the_warm_up_and_after_it_the_run_ends_bit_identical(data, tm
     cut = tmp_path / "cut"
     last = cut / "weights" / "last.pt"
     resume = [sys.executable, "train.py", "--resume", str(last)]
-    early = stop_and_resume([sys.executable, *args(data, tmp_path, "cut", *common)], last, 1, 1, resume)
-    assert early.batch * 1 <= 4  # warm-up: 4 iterations
-    # the resumed run is stopped again, after the warm-up; then it runs to the end
-    stopped = run_watching(resume, progress_env(), 180, signal_at(3, 3))
-    assert stopped.returncode == 0, describe([stopped])
-    late = TrainState.from_checkpoint(load_checkpoint(last))
-    assert late.epoch == 2 and 3 <= late.batch < NB and late.last_opt_step == 2 * NB + late.batch - 1, late
-    again = run(resume, train_env(), 180)
-    assert again.returncode == 0 and f"resuming {cut} at epoch 3, batch {late.batch}/8" in again.stderr
+    early = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, 1, 1)
+    assert early.batch < 4  # in the warm-up (4 iterations)
+    late = stopped_at(resume, last, 3, 3, resumes=early)  # the resumed run is stopped again, after the warm-up
+    resumed(resume, last, late)  # and then runs to the end
     assert [r["epoch"] for r in results(cut)] == [0.0, 1.0, 2.0]  # each epoch once
     assert_bit_identical(tmp_path / "full", cut)
 
@@ -135,8 +137,8 @@ def test_multi_scale_and_image_weights_carry_over_a_mid_epoch_resume_bit_for_bit
     full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), 180)
     assert full.returncode == 0, describe([full])
     last = tmp_path / "cut" / "weights" / "last.pt"
-    cmd = [sys.executable, *args(data, tmp_path, "cut", *common)]
-    stop_and_resume(cmd, last, 3, 2, [sys.executable, "train.py", "--resume", str(last)])
+    state = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, 3, 2)
+    resumed([sys.executable, "train.py", "--resume", str(last)], last, state)
     assert_bit_identical(tmp_path / "full", tmp_path / "cut")
 
 
@@ -162,8 +164,11 @@ def test_a_run_resumes_with_another_number_of_processes_within_float_rounding(da
     assert full.returncode == 0, describe([full])
     last = tmp_path / "cut" / "weights" / "last.pt"
     resume = command(resumed_by, "train.py", "--resume", str(last))
-    state = stop_and_resume(command(saved_by, *args(data, tmp_path, "cut", *common)), last, 1, 3, resume)
+    state = stopped_at(command(saved_by, *args(data, tmp_path, "cut", *common)), last, 1, 3)
     assert state.world_size == saved_by
+    log = resumed(resume, last, state)
+    per_process = f"saved by {saved_by} process(es) x {8 // saved_by} images, now {resumed_by} x {8 // resumed_by}"
+    assert per_process in log, log
     resumed_log = run(resume, train_env(), 5)  # finished: a resume now changes nothing and says so
     assert "has finished all 1 epochs" in resumed_log.stderr, describe([resumed_log])
     assert [r["epoch"] for r in results(tmp_path / "cut")] == [0.0]
