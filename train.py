@@ -257,10 +257,13 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
             fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps)
             logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs))
             du.LOGGER.info(epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size)))
-            if info.is_main and (not opt.nosave or epoch + 1 == run.epochs or stop):
+            # a signal during validation: this epoch is saved whole, and the run stops before the next
+            signalled = preemption.requested_anywhere() and not stop and fit.state.epoch < run.epochs
+            if info.is_main and (not opt.nosave or epoch + 1 == run.epochs or stop or signalled):
                 parts = (epoch, step.model, step.ema, step.optimizer, step.scaler, fit.state.best_fitness)
                 checkpoints.save(*parts, best=best, state=fit.state)
-            signalled = preemption.requested_anywhere()  # a signal during validation: the epoch is saved whole
+                if signalled:
+                    du.LOGGER.warning(stopped_line(fit.state, checkpoints.last))
         checkpoints.wait()
         if signalled and preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
             engine.signals.requeue_job()
@@ -315,9 +318,13 @@ def save_mid_epoch(stats: engine.EpochStats, fit: Training, checkpoints, info: d
     parts = (state.epoch - 1, step.model, step.ema, step.optimizer, step.scaler, state.best_fitness)
     checkpoints.save(*parts, periodic=False, state=state)
     if stopped:
-        du.LOGGER.warning(f"stopped at {state.where()}: saved {last}; continue with: python train.py --resume {last}")
+        du.LOGGER.warning(stopped_line(state, last))
     else:
         du.LOGGER.info(f"saved {last} at {state.where()} (training waited {checkpoints.blocked_seconds:.2f} s)")
+
+
+def stopped_line(state: TrainState, last: Path) -> str:
+    return f"stopped at {state.where()}: saved {last}; continue with: python train.py --resume {last}"
 
 
 def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:

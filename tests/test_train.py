@@ -18,7 +18,7 @@ from ddp_utils.data import make_shapes_dataset
 from ddp_utils.engine import load_checkpoint
 from ddp_utils.engine.run_report import parse_epoch_lines
 
-from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, kill_tree, launcher_env
+from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, launcher_env
 
 TINY = {"n_train": 32, "n_val": 16, "size": "[128, 160]", "imgsz": 128}
 
@@ -124,32 +124,6 @@ def test_torchrun_two_processes_loss_goes_down(tmp_path):
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run"]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(500)
-def test_resume_matches_an_uninterrupted_run(tmp_path):
-    data = tiny_data_yaml(tmp_path)
-    env = train_env()
-    full = run([sys.executable, *train_args(data, tmp_path / "full", "--epochs", "3")], env, 240)
-    assert full.returncode == 0, describe([full])
-
-    # the interrupted run is killed once its first epoch is saved, then resumed
-    proc = start([sys.executable, *train_args(data, tmp_path / "cut", "--epochs", "3")], env)
-    last = tmp_path / "cut" / "run" / "weights" / "last.pt"
-    wait_for_file(last, proc, 200)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
-    kill_tree(proc.pid)
-    proc.communicate()
-    assert load_checkpoint(last)["epoch"] in (0, 1)
-    resumed = run([sys.executable, "train.py", "--resume", str(last)], env, 240)
-    assert resumed.returncode == 0, describe([resumed])
-
-    cut_rows, full_rows = results(tmp_path / "cut" / "run"), results(tmp_path / "full" / "run")
-    assert [r["epoch"] for r in cut_rows] == [r["epoch"] for r in full_rows] == [0.0, 1.0, 2.0]
-    for key in ("x/lr0", "x/lr1", "x/lr2"):
-        assert [r[key] for r in cut_rows] == pytest.approx([r[key] for r in full_rows], rel=1e-6), key
-    assert load_checkpoint(last)["epoch"] == 2
-
-
 def _worker_pids(parent: int) -> dict[int, int]:
     """{LOCAL_RANK: pid} of the train.py workers that a torchrun process started (read from /proc)."""
     found = {}
@@ -167,25 +141,6 @@ def _worker_pids(parent: int) -> dict[int, int]:
         if b"train.py" in cmdline and b"LOCAL_RANK" in environ:
             found[int(environ[b"LOCAL_RANK"])] = int(entry.name)
     return found
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.timeout(500)
-def test_sigkilled_worker_restarts_and_resumes(tmp_path):
-    data = tiny_data_yaml(tmp_path)
-    cmd = torchrun(2, *train_args(data, tmp_path / "runs", "--epochs", "3"), extra=("--max-restarts", "1"))
-    proc = start(cmd, train_env())
-    run_dir = tmp_path / "runs" / "run"
-    wait_for_file(run_dir / "weights" / "last.pt", proc, 300)
-    workers = _worker_pids(proc.pid)
-    assert 1 in workers, f"no worker with LOCAL_RANK=1 found: {workers}"
-    os.kill(workers[1], signal.SIGKILL)
-    (result,) = collect([proc], time.monotonic(), 400, "torchrun with a killed worker")
-    assert result.returncode == 0, describe([result])
-    assert "resuming" in result.stderr  # the restarted job found this run's last.pt by itself
-    assert_run_outputs(run_dir, epochs=3)
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run"]
 
 
 @pytest.mark.slow
@@ -267,7 +222,7 @@ def test_sigterm_saves_a_checkpoint_and_every_process_exits(tmp_path, nproc):
     assert time.monotonic() - start_time < 60, describe([result])
     # a single process exits 0; torchrun's agent reports the signal with exit code 1 (see README)
     assert result.returncode == (0 if nproc == 1 else 1), describe([result])
-    assert "stopped by a signal during epoch" in result.stderr
+    assert "stopped at epoch" in result.stderr and "continue with: python train.py --resume" in result.stderr
     # no rank died of an error on the way out (torchrun prefixes a rank's traceback with [rankN]:)
     assert "[rank0]:" not in result.stderr and "[rank1]:" not in result.stderr
     assert nproc == 2 or "Traceback" not in result.stderr
