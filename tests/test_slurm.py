@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import stat
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ddp_utils.distributed import dist_info, launch_key
-from ddp_utils.engine import PreemptionHandler, load_checkpoint
+from ddp_utils.engine import PreemptionHandler, TrainState, load_checkpoint
 from ddp_utils.engine.signals import requeue_job, requeue_signal
 
 from .multiproc import REPO_ROOT, free_port, launcher_env
@@ -198,9 +199,11 @@ def submit(cluster: SlurmCluster, recipe: str, tmp_path: Path, *train_options: s
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # scripts, not symlinks: a symlink to a virtual environment's python, found elsewhere, is not in the venv
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bin_dir / "torchrun").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m torch.distributed.run "$@"\n')
-    (bin_dir / "torchrun").chmod(0o755)
+    for script in ("python", "torchrun"):
+        (bin_dir / script).chmod(0o755)
     job_env = launcher_env(env)
     job_env["PATH"] = os.pathsep.join([str(bin_dir), job_env.get("PATH", "")])
     options = (*CPU_OPTIONS, f"--output={tmp_path}/job.out")
@@ -243,28 +246,42 @@ def file_id(path: Path) -> tuple[int, int]:
     return path.stat().st_ino, path.stat().st_mtime_ns
 
 
+def wait_for_line(cluster: SlurmCluster, job_id: str, tmp_path: Path, pattern: str, timeout: float) -> re.Match:
+    """Poll the job's output until a line matches ``pattern``; fail with the output if the job ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        match = re.search(pattern, job_output(tmp_path), re.MULTILINE)
+        if match:
+            return match
+        state = cluster.job(job_id).get("JobState")
+        if state in ENDED or time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} ({state}): no {pattern!r} in {timeout:.0f} s\n{job_output(tmp_path)}")
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_train_sbatch_usr1_saves_requeues_restarts_and_every_epoch_is_trained_once(cluster, tmp_path):
+def test_train_sbatch_usr1_mid_epoch_requeues_and_the_restart_continues_from_that_batch(cluster, tmp_path):
     run_dir = tmp_path / "runs" / "run"
     last = run_dir / "weights" / "last.pt"
-    job = submit(cluster, "train.sbatch", tmp_path, "--epochs", "3")
-    wait_for_epochs(cluster, job, tmp_path, 2, 200)
-    saved = file_id(last)
+    progress = {"DDP_UTILS_PROGRESS": "plain", "DDP_UTILS_PROGRESS_SECONDS": "0"}  # a line per batch, in job.out
+    # 8 steps of 2 x 2 images of 256 px per epoch: a few seconds, so the signal lands in the middle of one
+    job = submit(cluster, "train.sbatch", tmp_path, "--epochs", "3", "--batch-size", "4", "--imgsz", "256", **progress)
+    wait_for_line(cluster, job, tmp_path, r"^2/3 .* [1-9]/8 \d+%", 200)  # epoch 2 has begun
     cluster.command("scancel", "--signal=USR1", job)  # what --signal=USR1@90 sends near the time limit
     requeued = cluster.wait_job(job, requeued_or_ended, 90, "requeued")
     assert requeued["Restarts"] == "1", f"{requeued}\n{job_output(tmp_path)}"
-    # saved again at the signal; SLURM holds the requeued job back cred_expire + 1 s, so nothing wrote since
-    assert file_id(last) != saved and load_checkpoint(last)["epoch"] == 1, job_output(tmp_path)
-    assert len(results(run_dir)) == 2, job_output(tmp_path)
+    stopped = wait_for_line(cluster, job, tmp_path, r"stopped at (epoch 2, batch \d/8): saved", 10).group(1)
+    assert TrainState.from_checkpoint(load_checkpoint(last)).where() == stopped, job_output(tmp_path)
+    assert len(results(run_dir)) == 1, job_output(tmp_path)
 
     done = cluster.wait_job(job, lambda f: f.get("JobState") in ENDED, 200, "finished after its restart")
     out = job_output(tmp_path)
     assert (done["JobState"], done["ExitCode"], done["Restarts"]) == ("COMPLETED", "0:0", "1"), f"{done}\n{out}"
     assert f"job {job}, restart 0" in out and f"job {job}, restart 1" in out, out  # the recipe ran twice
-    assert "stopped by a signal during epoch 3: saved" in out and f"requeued SLURM job {job}" in out, out
-    assert "resuming" in out and "Traceback" not in out, out  # found its own run by the job id, no --resume
+    assert f"requeued SLURM job {job}" in out and "Traceback" not in out, out
+    assert f"resuming {run_dir} at {stopped}" in out, out  # its own run, found by the job id, at that batch
     assert [int(r["epoch"]) for r in results(run_dir)] == [0, 1, 2]  # every epoch once, as uninterrupted
     assert load_checkpoint(last)["epoch"] == 2
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run"]
@@ -276,23 +293,26 @@ def test_train_sbatch_usr1_saves_requeues_restarts_and_every_epoch_is_trained_on
 def test_train_torchrun_sbatch_requeues_on_usr1_and_saves_when_scancel_preempts_the_restart(cluster, tmp_path):
     run_dir = tmp_path / "runs" / "run"
     last = run_dir / "weights" / "last.pt"
-    job = submit(cluster, "train_torchrun.sbatch", tmp_path, "--epochs", "3", PROCS_PER_NODE="1")
-    wait_for_epochs(cluster, job, tmp_path, 1, 200)
-    saved = file_id(last)
+    progress = {"DDP_UTILS_PROGRESS": "plain", "DDP_UTILS_PROGRESS_SECONDS": "0"}
+    slower = ("--batch-size", "4", "--imgsz", "256")  # 8 steps of a few tenths of a second per epoch
+    job = submit(cluster, "train_torchrun.sbatch", tmp_path, "--epochs", "3", *slower, PROCS_PER_NODE="1", **progress)
+    wait_for_line(cluster, job, tmp_path, r"^2/3 .* [1-9]/8 \d+%", 200)  # epoch 2 has begun
     # SIGUSR1 reaches torchrun and its workers: torchrun must pass it on, not die of it
     cluster.command("scancel", "--signal=USR1", job)
     requeued = cluster.wait_job(job, requeued_or_ended, 90, "requeued")
     assert requeued["Restarts"] == "1", f"{requeued}\n{job_output(tmp_path)}"
-    assert file_id(last) != saved and load_checkpoint(last)["epoch"] == 0, job_output(tmp_path)
+    stopped = wait_for_line(cluster, job, tmp_path, r"stopped at (epoch 2, batch \d/8): saved", 10).group(1)
+    assert TrainState.from_checkpoint(load_checkpoint(last)).where() == stopped, job_output(tmp_path)
 
-    wait_for_epochs(cluster, job, tmp_path, 2, 200)  # the restart resumed and trained epoch 2
+    wait_for_epochs(cluster, job, tmp_path, 2, 200)  # the restart resumed at that batch and finished epoch 2
+    assert f"resuming {run_dir} at {stopped}" in job_output(tmp_path), job_output(tmp_path)
     saved = file_id(last)
     cluster.command("scancel", job)  # a preemption: SIGTERM to every process of the job, SIGKILL 30 s later
     ended = cluster.wait_job(job, lambda f: f.get("JobState") in ENDED, 90, "cancelled")
     cluster.wait_idle(60)  # every process of the job is gone
     out = job_output(tmp_path)
     assert ended["JobState"] == "CANCELLED", f"{ended}\n{out}"
-    assert "resuming" in out and "stopped by a signal during epoch 3: saved" in out, out
+    assert re.search(r"stopped at epoch 3(, batch \d/8)?: saved", out), out
     assert "[rank0]:" not in out and "[rank1]:" not in out, out  # no worker traceback
-    assert file_id(last) != saved and load_checkpoint(last)["epoch"] == 1, out
+    assert file_id(last) != saved and TrainState.from_checkpoint(load_checkpoint(last)).epoch == 2, out
     assert [int(r["epoch"]) for r in results(run_dir)] == [0, 1]
