@@ -10,7 +10,10 @@ several times, and prints the worst relative difference of the trained weights (
 - ``rerun``: the same command again (one process, ``--workers 0``);
 - ``workers2``: ``--workers 2``;
 - ``ddp``: ``torchrun --nproc_per_node 2``, each process half the global batch, gloo;
-- ``ddp-sync-bn``: the same with ``--sync-bn``.
+- ``ddp-sync-bn``: the same with ``--sync-bn``;
+- ``resume``: one process stopped by SIGTERM in the middle of the first epoch, then ``--resume`` (one process);
+- ``resume-2to1-sync-bn``, ``resume-1to2-sync-bn``: 2 processes (``--sync-bn``) stopped so, resumed by one, and
+  the other way round: a resume at another scale should land as close as the other scale from scratch does.
 
 Two figures per run: the relative norm of the difference, ``||a - b|| / ||a||`` over all the
 floating-point tensors together, and the worst tensor's ``max|a - b| / max|a|`` (BatchNorm
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +43,12 @@ CASES = {
     "workers2": (1, ["--workers", "2"]),
     "ddp": (2, ["--workers", "0"]),
     "ddp-sync-bn": (2, ["--workers", "0", "--sync-bn"]),
+    # (processes before the stop, processes after it), stopped half-way through the first epoch
+    "resume": ((1, 1), ["--workers", "0"]),
+    "resume-2to1-sync-bn": ((2, 1), ["--workers", "0", "--sync-bn"]),
+    "resume-1to2-sync-bn": ((1, 2), ["--workers", "0", "--sync-bn"]),
 }
+PROGRESS = re.compile(r"^1/\d+ .* (\d+)/(\d+) \d+%")  # a plain progress line of the first epoch
 
 
 def worst_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
@@ -89,15 +99,37 @@ def train_command(nproc: int, data: Path, project: Path, name: str, args: argpar
             str(29500 + os.getpid() % 1000), *common]  # fmt: skip
 
 
-def train(nproc: int, data: Path, project: Path, name: str, args: argparse.Namespace, extra: list[str]) -> dict:
-    cmd = train_command(nproc, data, project, name, args, extra)
+def train(nproc, data: Path, project: Path, name: str, args: argparse.Namespace, extra: list[str]) -> dict:
+    """Train a case to the end; ``nproc`` a pair (before, after): stopped half-way through epoch 1, then resumed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     start = time.perf_counter()
+    last = project / name / "weights" / "last.pt"
+    if isinstance(nproc, tuple):
+        stop_half_way(train_command(nproc[0], data, project, name, args, extra), env)
+        resume = train_command(nproc[1], data, project, name, args, [])
+        cmd = [*resume[: resume.index("train.py") + 1], "--resume", str(last)]
+    else:
+        cmd = train_command(nproc, data, project, name, args, extra)
     result = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
     print(f"  {name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return load_checkpoint(project / name / "weights" / "last.pt")
+    return load_checkpoint(last)
+
+
+def stop_half_way(cmd: list[str], env: dict[str, str]) -> None:
+    """Run ``cmd`` until SIGTERM, sent once the first epoch is half trained, stops it."""
+    env = {**env, "DDP_UTILS_PROGRESS": "plain", "DDP_UTILS_PROGRESS_SECONDS": "0"}
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sent, lines = False, []
+    for line in proc.stderr:  # type: ignore[union-attr]
+        lines.append(line)
+        match = PROGRESS.match(line)
+        if match and not sent and 2 * int(match.group(1)) >= int(match.group(2)):
+            proc.send_signal(signal.SIGTERM)
+            sent = True
+    if proc.wait() not in (0, 1) or not any("stopped at epoch 1, batch" in line for line in lines):
+        raise SystemExit(f"{' '.join(cmd)} did not stop in the middle of its first epoch:\n{''.join(lines[-40:])}")
 
 
 def main() -> None:
