@@ -256,7 +256,8 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
             maps = class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
             fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps)
             logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs))
-            du.LOGGER.info(epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size)))
+            resumed = f"; resumed at epoch {epoch + 1}, batch {stats.start}/{stats.batch}" if stats.start else ""
+            du.LOGGER.info(epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size)) + resumed)
             # a signal during validation: this epoch is saved whole, and the run stops before the next
             signalled = preemption.requested_anywhere() and not stop and fit.state.epoch < run.epochs
             if info.is_main and (not opt.nosave or epoch + 1 == run.epochs or stop or signalled):

@@ -97,6 +97,7 @@ def resumed(cmd: list[str], last: Path, state: TrainState) -> str:
     result = run(cmd, train_env(), 240)
     assert result.returncode == 0, describe([result])
     assert f"resuming {last.parent.parent} at {state.where()}" in result.stderr, describe([result])
+    assert f"; resumed at {state.where()}" in result.stderr, describe([result])  # the resumed epoch's line
     return result.stderr
 
 

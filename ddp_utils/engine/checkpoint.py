@@ -611,17 +611,17 @@ def strip_optimizer(
     f: str | Path = "best.pt",
     s: str | Path | None = "",
     half: bool = True,
-) -> Path | None:
+) -> Path:
     """Make a final, smaller checkpoint: drop the optimizer state, store fp16 weights (YOLOv5's call form).
 
     ``strip_optimizer(f="best.pt", s="")`` as YOLOv5 calls it: ``s`` empty (or None) overwrites
     ``f``. Our checkpoints (:func:`build_checkpoint`) lose ``optimizer``, ``scaler`` and
-    ``train_model`` and ``train_state``, get fp16 weights and ``epoch = -1`` (not resumable), and stay loadable with
-    ``weights_only``. A checkpoint in YOLOv5's layout holding a pickled ddp_utils ``Model`` (what
-    YOLOv5's train.py saves when it trains our model) is read without running foreign code and
-    stripped as YOLOv5 strips it: ``ema`` becomes ``model`` (fp16, frozen), and ``optimizer``,
-    ``best_fitness``, ``ema``, ``updates`` become None. Written atomically, on the main process
-    only (others return None).
+    ``train_model`` and ``train_state``, get fp16 weights and ``epoch = -1`` (not resumable), and
+    stay loadable with ``weights_only``. A checkpoint in YOLOv5's layout holding a pickled ddp_utils
+    ``Model`` (what YOLOv5's train.py saves when it trains our model) is read without running foreign
+    code and stripped as YOLOv5 strips it: ``ema`` becomes ``model`` (fp16, frozen), and ``optimizer``,
+    ``best_fitness``, ``ema``, ``updates`` become None. Written atomically by whichever process calls
+    it (as YOLOv5's, the caller decides: its train.py calls it on rank 0).
 
     Args:
         f: the checkpoint file.
@@ -629,7 +629,7 @@ def strip_optimizer(
         half: convert floating-point weights to fp16.
 
     Returns:
-        The written path, or None on other ranks.
+        The written path.
 
     Raises:
         FileNotFoundError: ``f`` does not exist.
@@ -638,8 +638,6 @@ def strip_optimizer(
     """
     source = Path(f)
     target = Path(s or source)
-    if not is_main_process():
-        return None
     if _is_yolov5_checkpoint(source):
         return _strip_yolov5(source, target, half)
     try:

@@ -110,7 +110,8 @@ class EpochStats:
     ``loss`` is the running mean (box, obj, cls) loss of this rank over the epoch's batches so far
     (those before ``start`` included, when the call continued a stopped epoch), still on the device;
     ``batch`` the epoch's batches trained when the call returned (the next one to train: the number
-    of batches per epoch once it is complete); ``images`` this rank's image count in this call;
+    of batches per epoch once it is complete); ``start`` the batch the call began at (0 unless it
+    continued a stopped epoch); ``images`` this rank's image count in this call;
     ``seconds`` the call's wall time; ``data_seconds`` the time the step waited for data (on CUDA:
     the GPU's idle time between steps); ``stopped`` whether a stop request ended the call (at an
     optimizer step, or at the epoch's end before anything after it).
@@ -118,6 +119,7 @@ class EpochStats:
 
     loss: torch.Tensor
     batch: int = 0
+    start: int = 0
     images: int = 0
     seconds: float = 0.0
     data_seconds: float = 0.0
@@ -215,7 +217,7 @@ def train_one_epoch(
     nb = len(loader) if nb is None else nb  # type: ignore[arg-type]
     step.model.train()
     mloss = torch.zeros(3, device=device) if loss is None else loss.detach().to(device, torch.float32).clone()
-    stats = EpochStats(mloss, batch=start)
+    stats = EpochStats(mloss, batch=start, start=start)
     bar = _progress(nb, start, enabled=progress)
     timer = _Timer(device)
     step.optimizer.zero_grad()

@@ -167,7 +167,6 @@ def test_non_main_rank_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert save_checkpoint({"epoch": 0}, tmp_path / "last.pt") is False
-    assert strip_optimizer(tmp_path / "last.pt") is None
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
