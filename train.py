@@ -240,8 +240,7 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
     stop_signals = dict(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(requeue,) if requeue else ())
     signalled = stop = False
     with engine.PreemptionHandler(**stop_signals) as preemption:
-        while fit.state.epoch < run.epochs and not (signalled or stop):
-            epoch = fit.state.epoch
+        for epoch in range(fit.state.epoch, run.epochs):
             stats = train_epoch(run, fit, device, info, preemption, checkpoints)
             if stats.stopped:  # every rank stopped after the same step (or at the epoch's end, not validated)
                 save_mid_epoch(stats, fit, checkpoints, info, stopped=True)
@@ -265,6 +264,8 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
                 checkpoints.save(*parts, best=best, state=fit.state)
                 if signalled:
                     du.LOGGER.warning(stopped_line(fit.state, checkpoints.last))
+            if stop or signalled:
+                break
         checkpoints.wait()
         if signalled and preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
             engine.signals.requeue_job()

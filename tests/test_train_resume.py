@@ -170,7 +170,7 @@ def test_a_run_resumes_with_another_number_of_processes_within_float_rounding(da
     log = resumed(resume, last, state)
     per_process = f"saved by {saved_by} process(es) x {8 // saved_by} images, now {resumed_by} x {8 // resumed_by}"
     assert per_process in log, log
-    resumed_log = run(resume, train_env(), 5)  # finished: a resume now changes nothing and says so
+    resumed_log = run(resume, train_env(), 120)  # finished: a resume now changes nothing and says so
     assert "has finished all 1 epochs" in resumed_log.stderr, describe([resumed_log])
     assert [r["epoch"] for r in results(tmp_path / "cut")] == [0.0]
     # what it gives away against the uninterrupted run: float rounding (2 x 4 vs 1 x 8 after one epoch ~4e-6)

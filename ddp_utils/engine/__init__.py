@@ -5,11 +5,11 @@ What lives where:
 - ``loop.py``: :func:`train_one_epoch` and :class:`TrainStep` (accumulation without needless
   all-reduces, AMP, timing without host waits).
 - ``ema.py``: :class:`ModelEMA`, updated with multi-tensor kernels.
-- ``checkpoint.py``: the checkpoint file: its format, atomic (and background) writes, pickle-free
-  reads of ours or YOLOv5's (``load_pretrained``), ``strip_optimizer``.
+- ``checkpoint/``: the checkpoint file: its format, atomic (and background) writes, pickle-free
+  reads of ours or YOLOv5's (``load_pretrained``), ``strip_optimizer``, and :class:`Checkpointer`
+  (a run's last/best/epochN, periodic saves).
 - ``resume.py``: continuing a run: :class:`TrainState` (where it stands, to the batch),
-  :class:`Checkpointer` (a run's last/best/epochN, periodic saves), ``find_resume`` (find and
-  check, before any write), ``restore_training``, ``latest_checkpoint``.
+  ``find_resume`` (find and check, before any write), ``restore_training``, ``latest_checkpoint``.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
   ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
 - ``run.py``: one training run: the settled options (:class:`Run`), their checks, the run directory;
@@ -30,6 +30,7 @@ from .autobatch import autobatch, check_train_batch_size, fit_batch_size
 from .checkpoint import (
     CHECKPOINT_KEYS,
     BackgroundWriter,
+    Checkpointer,
     CheckpointError,
     CheckpointWriteError,
     UnsafeCheckpointError,
@@ -62,7 +63,7 @@ from .optim import (
     smart_optimizer,
 )
 from .plots import class_color, plot_images, plot_labels, plot_results
-from .resume import Checkpointer, TrainState, latest_checkpoint, restore_training
+from .resume import TrainState, latest_checkpoint, restore_training
 from .signals import PreemptionHandler
 from .wrap import wrap_model
 
