@@ -107,27 +107,27 @@ def sigkill_part(root: Path, trials: int, rng: random.Random) -> None:
                   f"{state.where()} | {len(done) - len(kept)} | {since:.2f} |")  # fmt: skip
 
 
-def trained_state(cfg: str, imgsz: int = 64):
+def trained_state(cfg: str, device: torch.device, imgsz: int = 64):
     """A model with its EMA and SGD momentum after one step: what a checkpoint holds mid-run."""
     torch.manual_seed(0)
-    model = Model(cfg, ch=3, nc=80)
+    model = Model(cfg, ch=3, nc=80).to(device)
     optimizer = smart_optimizer(model, "SGD", lr=0.01)
-    outputs = model(torch.rand(1, 3, imgsz, imgsz))  # training mode: one output per level
+    outputs = model(torch.rand(1, 3, imgsz, imgsz, device=device))  # training mode: one output per level
     sum(level.float().mean() for level in outputs).backward()
     optimizer.step()  # now the optimizer holds a momentum buffer per parameter
     return model, ModelEMA(model), optimizer
 
 
-def save_part(models: list[str], repeats: int) -> None:
+def save_part(models: list[str], repeats: int, device: torch.device) -> None:
     LOGGER.setLevel(logging.WARNING)  # the models' and optimizers' own lines would break the table
-    print("\nOne save of a trained state (weights, EMA, SGD momentum), this host")
+    print(f"\nOne save of a trained state (weights, EMA, SGD momentum) on {device}, this host")
     print(
         "| model | parameters | checkpoint | the step waits, background save | the step waits, save in the step "
         "| ratio | background write |"
     )
     print("|---|---|---|---|---|---|---|")
     for cfg in models:
-        model, ema, optimizer = trained_state(cfg)
+        model, ema, optimizer = trained_state(cfg, device)
         with tempfile.TemporaryDirectory() as tmp:
             background = Checkpointer(Path(tmp) / "bg", opt={"epochs": 1}, background=True)
             inline = Checkpointer(Path(tmp) / "inline", opt={"epochs": 1})
@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["yolov5s.yaml", "yolov5x.yaml"])
     parser.add_argument("--repeats", type=int, default=3, help="saves per model (the median is shown)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the saved model lives (save part): cpu or cuda:0")
     opt = parser.parse_args()
     rng = random.Random(opt.seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
@@ -171,7 +172,7 @@ def main() -> None:
         if "sigkill" in opt.parts:
             sigkill_part(root, opt.trials, rng)
     if "save" in opt.parts:
-        save_part(opt.models, opt.repeats)
+        save_part(opt.models, opt.repeats, torch.device(opt.device))
 
 
 if __name__ == "__main__":
