@@ -27,6 +27,7 @@ import ddp_utils as du
 from ddp_utils import engine
 from ddp_utils.data import (
     DevicePrefetcher,
+    DownloadError,
     class_frequency,
     create_dataloader,
     create_val_dataloader,
@@ -51,7 +52,14 @@ from ddp_utils.yolo import (
 from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 # the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
-USER_ERRORS = (FileNotFoundError, ValueError, engine.CheckpointError, ForeignCheckpointError, du.DistEnvError)
+USER_ERRORS = (
+    FileNotFoundError,
+    ValueError,
+    engine.CheckpointError,
+    ForeignCheckpointError,
+    du.DistEnvError,
+    DownloadError,  # offline, a dataset that is not here yet: one line naming the URL
+)
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -169,6 +177,8 @@ def build_model(run: Run, device: torch.device, info: du.DistInfo) -> tuple[Run,
         du.LOGGER.info(f"transferred {done}/{total} tensors from {opt.weights}")
     freeze_layers(model, freeze_indices(opt.freeze))
     gs = grid_size(model)
+    if run.imgsz < gs:  # YOLOv5 would round it to 0 and fail deep in the loader
+        raise ValueError(f"--imgsz {run.imgsz} is below the model's stride {gs}: use at least {gs}, a multiple of it")
     imgsz = check_img_size(run.imgsz, gs)
     if info.is_main:
         du.model_info(model, imgsz=imgsz)  # YOLOv5's summary line: layers, parameters, gradients, GFLOPs

@@ -240,6 +240,8 @@ def _user_error_case(case: str, tmp_path: Path) -> tuple[list[str], str]:
         return ["--device", "3"], "device '3'"
     if case == "resume of a missing file":
         return ["--resume", str(tmp_path / "old" / "last.pt")], str(tmp_path / "old" / "last.pt")
+    if case == "image size below the stride":
+        return ["--imgsz", "16"], "--imgsz 16 is below the model's stride 32"
     if case == "unreadable checkpoint":
         (tmp_path / "junk.pt").write_bytes(b"not a checkpoint" * 64)
         return ["--weights", str(tmp_path / "junk.pt")], str(tmp_path / "junk.pt")
@@ -252,7 +254,14 @@ def _user_error_case(case: str, tmp_path: Path) -> tuple[list[str], str]:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
     "case",
-    ["missing data path", "device not here", "resume of a missing file", "unreadable checkpoint", "label class >= nc"],
+    [
+        "missing data path",
+        "device not here",
+        "resume of a missing file",
+        "unreadable checkpoint",
+        "label class >= nc",
+        "image size below the stride",
+    ],
 )
 def test_user_errors_are_one_line_exit_2_and_leave_no_run_directory(case, tmp_path):
     if case == "device not here" and torch.cuda.device_count() > 3:

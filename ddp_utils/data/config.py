@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distributed import dist_info, torch_distributed_zero_first
+from ..downloads import DownloadError
 from ..log import LOGGER
 from ..yamls import DataConfigError, find_yaml, read_yaml
 from .download import run_download
@@ -148,6 +149,7 @@ def check_dataset(data: str | Path | dict[str, Any], autodownload: bool = True) 
     Raises:
         DataConfigError: the yaml is malformed; the message names the file and key.
         FileNotFoundError: the yaml, or the data it names, does not exist.
+        DownloadError: the data is missing and fetching it failed (offline, say): one line naming the URL.
 
     Examples:
         >>> d = check_dataset({"path": "/tmp", "train": ".", "val": ".", "names": ["cat"]})
@@ -176,7 +178,10 @@ def check_dataset(data: str | Path | dict[str, Any], autodownload: bool = True) 
         if missing and content.get("download") and autodownload:
             listed = ", ".join(path for _, path in missing)
             LOGGER.info(f"{where}: dataset not found ({listed}); fetching it")
-            run_download(content["download"], content, where)
+            try:
+                run_download(content["download"], content, where)
+            except DownloadError as exc:
+                raise DownloadError(f"{where}: could not fetch the dataset: {exc}; put it in {root} by hand") from None
             missing = _missing(content)
             if missing:
                 key, path = missing[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -115,11 +116,34 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
         raise ValueError("--image-weights works in a single process only: drop it or run without torchrun")
     if opt.epochs is not None and opt.epochs < 1:
         raise ValueError(f"--epochs {opt.epochs}: train at least one epoch")
+    _check_ranges(opt)
     if opt.rect and opt.multi_scale:
         raise ValueError("--rect and --multi-scale do not go together: rect batches have fixed shapes")
     requeue_signal(opt.requeue_signal)  # a bad name is a ValueError naming it
     if opt.sync_bn and world_size == 1:
         LOGGER.warning("--sync-bn has no effect in a single process")
+
+
+# option: (a test its value must pass, what to use instead); options a Namespace lacks are not checked
+_RANGES = {
+    "imgsz": (lambda v: v is None or v >= 1, "give the image size in pixels, e.g. 640 (a multiple of the stride)"),
+    "workers": (lambda v: v is None or v >= 0, "give a number of loader workers >= 0 (0: load in the process)"),
+    "patience": (lambda v: v >= 0, "give epochs without improvement >= 0 (0: never stop early)"),
+    "save_period": (lambda v: v >= -1, "give a number of epochs >= 1, or -1 (never)"),
+    "save_interval": (lambda v: math.isfinite(v) and v >= 0, "give minutes >= 0 (0: no mid-epoch saves)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "give a value in [0, 1), e.g. 0.1"),
+    "freeze": (lambda v: all(i >= 0 for i in v), "give layer counts or indices >= 0"),
+    "seed": (lambda v: v >= 0, "give a seed >= 0"),
+}
+
+
+def _check_ranges(opt: argparse.Namespace) -> None:
+    """Every numeric option within its range, or one line naming the option, the value and what to use."""
+    for name, (valid, advice) in _RANGES.items():
+        if hasattr(opt, name) and not valid(getattr(opt, name)):
+            value = getattr(opt, name)
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            raise ValueError(f"--{name.replace('_', '-')} {shown}: {advice}")
 
 
 @dataclasses.dataclass
