@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import signal
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -371,4 +372,8 @@ def validate(run: Run, fit: Training, device: torch.device, epoch: int) -> tuple
 
 if __name__ == "__main__":
     with contextlib.suppress(BrokenPipeError):
-        record(main)(parse_opt())  # torchrun's failure report shows an uncaught error's traceback
+        try:
+            record(main)(parse_opt())  # torchrun's failure report shows an uncaught error's traceback
+        except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops after the step), or one before training
+            print("train.py: interrupted by Ctrl-C", file=sys.stderr)
+            sys.exit(130)  # 128 + SIGINT, as a shell reports it

@@ -275,3 +275,28 @@ def test_user_errors_are_one_line_exit_2_and_leave_no_run_directory(case, tmp_pa
     errors = [line for line in result.stderr.splitlines() if "train.py: error:" in line]
     assert len(errors) == 1 and named in errors[0], describe([result])
     assert not project.exists() or not any(project.iterdir()), sorted(project.rglob("*"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_once_saves_and_stops_twice_stops_at_once_in_one_line(tmp_path):
+    from .multiproc import run_watching
+
+    data = tiny_data_yaml(tmp_path)
+    env = train_env() | {"DDP_UTILS_PROGRESS": "plain", "DDP_UTILS_PROGRESS_SECONDS": "0"}
+    for presses, name in ((1, "once"), (2, "twice")):
+        seen = []
+
+        def on_line(line: str, proc: subprocess.Popen, presses=presses, seen=seen) -> None:
+            if re.match(r"^1/\d+ .* \d+/\d+ \d+%", line) and len(seen) < presses:
+                seen.append(line)
+                proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+
+        args = train_args(data, tmp_path / "runs", "--epochs", "3", "--name", name)
+        result = run_watching([sys.executable, *args], env, 240, on_line)
+        assert "Traceback" not in result.stderr, describe([result])
+        if presses == 1:  # the first one finishes the step, saves and stops, as SIGTERM does
+            assert result.returncode == 0 and "stopped at epoch 1, batch" in result.stderr, describe([result])
+        else:
+            assert result.returncode == 130, describe([result])
+            assert result.stderr.count("train.py: interrupted by Ctrl-C") == 1, describe([result])
