@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ddp_utils as du
-from ddp_utils.device import DeviceRequest, available_devices, parse_device
+from ddp_utils.device import DeviceError, DeviceRequest, available_devices, parse_device, select_device
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 
@@ -149,3 +149,11 @@ def test_gpu_list_becomes_visible_devices_and_each_rank_takes_its_own(one_gpu_pe
 
 def test_cpu_request_where_cuda_is_stays_on_the_cpu(one_gpu_per_node_of_two):
     assert du.select_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU, so cuda:0 is there")
+def test_a_missing_gpu_is_an_assertion_error_as_in_yolov5_and_a_value_error_as_ours():
+    with pytest.raises(AssertionError) as info:  # how a YOLOv5 user guards select_device
+        select_device("0")
+    assert isinstance(info.value, ValueError) and isinstance(info.value, DeviceError)
+    assert "CUDA is not available" in str(info.value) and "--device cpu" in str(info.value)
