@@ -57,6 +57,18 @@ def test_convert_refuses_a_missing_file_in_one_line(tmp_path):
         assert str(missing) in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [("val", ["--weights", "missing.pt"]), ("convert", ["missing.pt"]), ("profile", ["--cfg", "missing.yaml"])],
+)
+def test_an_error_names_the_command_as_it_was_typed(command, args):
+    typed = {f"python -m ddp_utils {command}": run(command, *args), f"ddp-{command}": run(*args, script=f"ddp-{command}")}
+    for form, done in typed.items():
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+        assert len(errors) == 1 and errors[0].startswith(f"{form}: error: "), done.stderr
+
+
 def test_profile_runs_a_model_on_the_cpu():
     done = run("profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu", "--repeats", "1")
     assert done.returncode == 0, done.stderr
