@@ -62,7 +62,8 @@ def test_convert_refuses_a_missing_file_in_one_line(tmp_path):
     [("val", ["--weights", "missing.pt"]), ("convert", ["missing.pt"]), ("profile", ["--cfg", "missing.yaml"])],
 )
 def test_an_error_names_the_command_as_it_was_typed(command, args):
-    typed = {f"python -m ddp_utils {command}": run(command, *args), f"ddp-{command}": run(*args, script=f"ddp-{command}")}
+    module_form, script_form = f"python -m ddp_utils {command}", f"ddp-{command}"
+    typed = {module_form: run(command, *args), script_form: run(*args, script=script_form)}
     for form, done in typed.items():
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         errors = [line for line in done.stderr.splitlines() if ": error: " in line]
