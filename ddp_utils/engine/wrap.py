@@ -19,13 +19,17 @@ DDP's options:
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..distributed.sync_batchnorm import convert_sync_batchnorm
+from ..distributed import is_main_process
+from ..distributed.sync_batchnorm import GroupBatchNorm, convert_sync_batchnorm
+from ..log import LOGGER
 
 
 def wrap_model(
@@ -63,13 +67,28 @@ def wrap_model(
     if distributed:
         if sync_bn:
             model = convert_sync_batchnorm(model, process_group).to(device)  # torch's on CUDA, ours on gloo
-        model = DDP(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            process_group=process_group,
-            gradient_as_bucket_view=True,
-            broadcast_buffers=broadcast_buffers,
-        )
+            if is_main_process():
+                LOGGER.info(f"--sync-bn: {_synchronised(model)}")
+        with warnings.catch_warnings():
+            # torch 2.10+ deprecates the option in favour of forward_sync_buffers, whose False still syncs the
+            # buffers at init; broadcast_buffers=False is what keeps each rank's own (see the module's notes)
+            warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+            model = DDP(
+                model,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                process_group=process_group,
+                gradient_as_bucket_view=True,
+                broadcast_buffers=broadcast_buffers,
+            )
     if compile:
         model = torch.compile(model, backend=compile_backend)
     return model
+
+
+def _synchronised(model: nn.Module) -> str:
+    """What ``--sync-bn`` converted, for the log: ``"62 BatchNorm layers -> GroupBatchNorm (ddp_utils, gloo)"``."""
+    kinds = Counter(type(m) for m in model.modules() if isinstance(m, (nn.SyncBatchNorm, GroupBatchNorm)))
+    if not kinds:
+        return "the model has no BatchNorm layer: nothing to synchronise"
+    names = {nn.SyncBatchNorm: "torch's SyncBatchNorm (NCCL)", GroupBatchNorm: "GroupBatchNorm (ddp_utils, gloo)"}
+    return ", ".join(f"{n} BatchNorm layers -> {names[kind]}" for kind, n in kinds.items())
