@@ -235,7 +235,7 @@ def train_one_epoch(
             on_batch(i, batch_imgs, targets, paths)
         if bar is not None:
             if bar.due() or i + 1 == nb:  # a bar: every BAR_SECONDS; plain lines: every PLAIN_SECONDS
-                bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs))  # reads mloss: a sync
+                bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs, step.world_size))  # a sync
             bar.update(1)  # a plain line, when due, shows the description just set
         if preemption is None:
             continue
@@ -249,7 +249,7 @@ def train_one_epoch(
             save = False
     stats.stopped = stop
     if bar is not None:
-        bar.set_description(_describe(epoch, epochs, mloss, device, None, None))
+        bar.set_description(_describe(epoch, epochs, mloss, device, None, None, step.world_size))
         bar.close()
     stats.seconds, stats.data_seconds = timer.finish()
     return stats
@@ -263,10 +263,15 @@ def _progress(nb: int, start: int, enabled: bool) -> Any:
     return progress(nb, mode=mode, initial=start, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
 
 
-def _describe(epoch: int, epochs: int | None, mloss: torch.Tensor, device: torch.device, targets, imgs) -> str:
+def _describe(
+    epoch: int, epochs: int | None, mloss: torch.Tensor, device: torch.device, targets, imgs, world_size: int = 1
+) -> str:
+    """The progress line's text. Its losses are this rank's (rank 0's) running mean, said so under DDP: the
+    epoch line's are the mean over all ranks, and agreeing on them each refresh would cost a collective."""
     box, obj, cls = mloss.tolist()  # CPU-GPU sync point: only when the bar refreshes
     memory = f"{torch.cuda.memory_reserved(device) / 2**30:.2f}G" if device.type == "cuda" else "-"
-    text = f"{epoch + 1}/{epochs or '?'} mem {memory} box {box:.4f} obj {obj:.4f} cls {cls:.4f}"
+    whose = "rank 0 " if world_size > 1 else ""
+    text = f"{epoch + 1}/{epochs or '?'} mem {memory} {whose}box {box:.4f} obj {obj:.4f} cls {cls:.4f}"
     if targets is not None:
         text += f" inst {targets.shape[0]} size {imgs.shape[-1]}"
     return text

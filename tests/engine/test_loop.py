@@ -261,3 +261,12 @@ def test_an_epoch_stopped_and_continued_from_its_checkpoint_equals_the_whole_epo
     assert whole[1].state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
     for a, b in zip(whole[1].state_dict()["state"].values(), optimizer.state_dict()["state"].values()):
         assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+
+
+def test_the_progress_line_says_its_losses_are_rank_0s_under_ddp():
+    from ddp_utils.engine.loop import _describe
+
+    alone = _describe(0, 3, torch.tensor([0.1, 0.2, 0.3]), CPU, None, None)
+    assert alone == "1/3 mem - box 0.1000 obj 0.2000 cls 0.3000"
+    shared = _describe(0, 3, torch.tensor([0.1, 0.2, 0.3]), CPU, None, None, world_size=2)
+    assert shared == "1/3 mem - rank 0 box 0.1000 obj 0.2000 cls 0.3000"  # the epoch line's are all ranks'
