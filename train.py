@@ -110,6 +110,16 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--requeue-signal", help='save, requeue the SLURM job, exit on it (USR1 under SLURM, "none": off)')
     add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
+    # YOLOv5's options that do nothing here (or are refused): accepted so its commands run; check_options says which
+    add("--noautoanchor", action="store_true", help=argparse.SUPPRESS)
+    add("--evolve", type=int, nargs="?", const=300, help=argparse.SUPPRESS)
+    add("--bucket", default="", help=argparse.SUPPRESS)
+    add("--entity", default=None, help=argparse.SUPPRESS)
+    add("--upload_dataset", "--upload-dataset", nargs="?", const=True, default=False, help=argparse.SUPPRESS)
+    add("--bbox_interval", "--bbox-interval", type=int, default=-1, help=argparse.SUPPRESS)
+    add("--artifact_alias", "--artifact-alias", default="latest", help=argparse.SUPPRESS)
+    add("--ndjson-console", action="store_true", help=argparse.SUPPRESS)
+    add("--ndjson-file", action="store_true", help=argparse.SUPPRESS)
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     return parser.parse_args(argv)

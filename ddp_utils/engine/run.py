@@ -122,6 +122,40 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
     requeue_signal(opt.requeue_signal)  # a bad name is a ValueError naming it
     if opt.sync_bn and world_size == 1:
         LOGGER.warning("--sync-bn has no effect in a single process")
+    if getattr(opt, "evolve", None) is not None:
+        raise ValueError(
+            "--evolve: ddp_utils' train.py does not evolve hyperparameters (YOLOv5's genetic search); run YOLOv5's "
+            "train.py --evolve, or a sweep tool that calls train.py with --hyp"
+        )
+    for note in yolov5_option_notes(opt):
+        LOGGER.info(note)
+
+
+# YOLOv5's train.py options that change nothing here: (attribute, its default, the note when it was given)
+_YOLOV5_ONLY = (
+    ("noautoanchor", False, "anchors are the model yaml's (or the checkpoint's): ddp_utils runs no AutoAnchor check"),
+    ("bucket", "", "a gsutil bucket for --evolve, which ddp_utils does not do"),
+    ("entity", None, "YOLOv5's Weights & Biases logger option"),
+    ("upload_dataset", False, "YOLOv5's Weights & Biases logger option"),
+    ("bbox_interval", -1, "YOLOv5's Weights & Biases logger option"),
+    ("artifact_alias", "latest", "YOLOv5's Weights & Biases logger option"),
+    ("ndjson_console", False, "YOLOv5's NDJSON logger option; results go to results.csv (and TensorBoard)"),
+    ("ndjson_file", False, "YOLOv5's NDJSON logger option; results go to results.csv (and TensorBoard)"),
+)
+
+
+def yolov5_option_notes(opt: argparse.Namespace) -> list[str]:
+    """One line per YOLOv5 option given that does nothing here, so a YOLOv5 command runs and says so.
+
+    Examples:
+        >>> yolov5_option_notes(argparse.Namespace(noautoanchor=True, bucket=""))[0][:46]
+        '--noautoanchor: accepted for YOLOv5 compatibil'
+    """
+    return [
+        f"--{name.replace('_', '-')}: accepted for YOLOv5 compatibility, does nothing here ({why})"
+        for name, default, why in _YOLOV5_ONLY
+        if getattr(opt, name, default) != default
+    ]
 
 
 # option: (a test its value must pass, what to use instead); options a Namespace lacks are not checked
@@ -182,4 +216,4 @@ def record_run(run: Run, info: DistInfo) -> None:
         LOGGER.info(textwrap.fill(pairs, width=110, initial_indent="hyperparameters: ", subsequent_indent="  "))
 
 
-__all__ = ["Run", "Training", "check_options", "make_run_dir", "record_run", "start_run"]
+__all__ = ["Run", "Training", "check_options", "make_run_dir", "record_run", "start_run", "yolov5_option_notes"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_utils.engine.run import check_options
+from ddp_utils.engine.run import check_options, yolov5_option_notes
 from train import parse_opt
 
 
@@ -38,3 +38,29 @@ def test_a_value_out_of_range_is_one_line_naming_the_option_and_the_value(args, 
 )  # fmt: skip
 def test_the_defaults_and_sensible_values_pass(args):
     check_options(parse_opt(args), world_size=1)
+
+
+# YOLOv5's train.py options (its parse_opt, v7.0 and master), each with a value it takes
+YOLOV5_COMMAND = (
+    "--weights yolov5s.pt --cfg yolov5s.yaml --data coco128.yaml --hyp hyp.scratch-low.yaml --epochs 3 --batch-size 16 "
+    "--imgsz 640 --rect --resume --nosave --noval --noautoanchor --noplots --bucket b --cache ram --image-weights "
+    "--device cpu --multi-scale --single-cls --optimizer SGD --sync-bn --workers 8 --project runs/train --name exp "
+    "--exist-ok --quad --cos-lr --label-smoothing 0.1 --patience 100 --freeze 10 --save-period 5 --seed 0 "
+    "--local_rank -1 --entity me --upload_dataset --bbox_interval 2 --artifact_alias latest --ndjson-console "
+    "--ndjson-file"
+)
+
+
+def test_every_yolov5_train_option_parses_and_those_that_do_nothing_say_so():
+    opt = parse_opt(YOLOV5_COMMAND.split())
+    notes = yolov5_option_notes(opt)
+    named = [note.split(":")[0] for note in notes]
+    assert named == ["--noautoanchor", "--bucket", "--entity", "--upload-dataset", "--bbox-interval",
+                     "--ndjson-console", "--ndjson-file"]  # fmt: skip
+    assert all("accepted for YOLOv5 compatibility, does nothing here (" in note for note in notes)
+    assert yolov5_option_notes(parse_opt([])) == []  # nothing said when none is given
+
+
+def test_evolve_is_refused_in_one_line_naming_what_to_use():
+    with pytest.raises(ValueError, match=r"^--evolve: ddp_utils' train.py does not evolve hyperparameters"):
+        check_options(parse_opt(["--evolve"]), world_size=1)
