@@ -39,6 +39,7 @@ from ddp_utils.engine.optim_setup import optimizer_from_hyp
 from ddp_utils.engine.resume import TrainState, find_resume, gather_losses
 from ddp_utils.engine.run import Run, Training, check_options, make_run_dir, record_run, start_run
 from ddp_utils.engine.run_report import epoch_line, finish_run, first_batches_plotter
+from ddp_utils.engine.trackers import TRACKERS, Trackers
 from ddp_utils.progress import PROGRESS_MODES, set_progress_mode
 from ddp_utils.yolo import (
     ComputeLoss,
@@ -108,6 +109,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=0)
     add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
     add("--requeue-signal", help='save, requeue the SLURM job, exit on it (USR1 under SLURM, "none": off)')
+    add("--trackers", nargs="+", default=[], choices=TRACKERS, help="also log to MLflow and/or Weights & Biases")
     add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
     # YOLOv5's options that do nothing here (or are refused): accepted so its commands run; check_options says which
@@ -292,9 +294,10 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
             engine.signals.requeue_job()
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
-    logger.close()
     if info.is_main and not signalled:
         finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not opt.noplots)
+        logger.log_weights([checkpoints.best, checkpoints.last])
+    logger.close(finished=not signalled)
     return fit.state.metrics()[0]
 
 
@@ -352,7 +355,9 @@ def stopped_line(state: TrainState, last: Path) -> str:
 
 def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
     """results.csv, early stopping and the checkpoints (rank 0 writes), and the run's summary line."""
-    logger = engine.ResultsLogger(run.save_dir, start_epoch=fit.state.epoch)
+    params = {"opt": run.options(), "hyp": run.hyp}
+    trackers = Trackers(run.opt.trackers if info.is_main else [], run.save_dir, Path(run.opt.project), params)
+    logger = engine.ResultsLogger(run.save_dir, start_epoch=fit.state.epoch, trackers=trackers)
     if run.resume is None and info.is_main and not run.opt.noplots:
         engine.plot_labels(fit.labels, run.names, run.save_dir)
     stopper = engine.EarlyStopping(patience=run.opt.patience)

@@ -300,3 +300,24 @@ def test_ctrl_c_once_saves_and_stops_twice_stops_at_once_in_one_line(tmp_path):
         else:
             assert result.returncode == 130, describe([result])
             assert result.stderr.count("train.py: interrupted by Ctrl-C") == 1, describe([result])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_trackers_get_a_real_run(tmp_path):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    data = tiny_data_yaml(tmp_path)
+    env = train_env() | {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    args = train_args(data, tmp_path / "runs", "--epochs", "1", "--trackers", "mlflow", "wandb")
+    result = run([sys.executable, *args], env, 280)
+    assert result.returncode == 0, describe([result])
+    assert (
+    assert "mlflow: tracking this run (sqlite:///" in result.stderr, describe([result])
+    assert "wandb: tracking this run (mode offline)" in result.stderr, describe([result])
+        and "wandb: tracking this run (mode offline)" in result.stderr
+    )
+    assert (tmp_path / "runs" / "mlflow.db").is_file()
+    assert list((tmp_path / "runs" / "mlartifacts").rglob("weights/best.pt")), "the weights were not logged"
+    assert list((tmp_path / "runs" / "run" / "wandb").glob("offline-run-*/run-*.wandb"))

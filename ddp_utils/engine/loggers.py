@@ -163,6 +163,7 @@ class ResultsLogger:
         save_dir: the run directory.
         start_epoch: the epoch the run starts (or resumes) at.
         tensorboard: also write TensorBoard scalars when the package is importable.
+        trackers: a :class:`~ddp_utils.engine.trackers.Trackers` that gets every row too, or None.
 
     Examples:
         >>> import tempfile
@@ -173,11 +174,14 @@ class ResultsLogger:
         ['0', '0.5', '0.5']
     """
 
-    def __init__(self, save_dir: str | Path, start_epoch: int = 0, tensorboard: bool = True) -> None:
+    def __init__(
+        self, save_dir: str | Path, start_epoch: int = 0, tensorboard: bool = True, trackers: Any = None
+    ) -> None:
         self.save_dir = Path(save_dir)
         self.csv = self.save_dir / "results.csv"
         self.enabled = is_main_process()
         self.tb = None
+        self.trackers = trackers
         if not self.enabled:
             return
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -232,9 +236,19 @@ class ResultsLogger:
             for key, value in values.items():
                 self.tb.add_scalar(key, float(value), epoch)
             self.tb.flush()
+        if self.trackers is not None:
+            self.trackers.log(epoch, values)
 
-    def close(self) -> None:
-        """Close the TensorBoard writer, if any."""
+    def log_weights(self, paths: Sequence[str | Path]) -> None:
+        """Hand the run's checkpoints to the trackers (as artifacts); results.csv and TensorBoard keep none."""
+        if self.enabled and self.trackers is not None:
+            self.trackers.log_weights([Path(p) for p in paths])
+
+    def close(self, finished: bool = True) -> None:
+        """Close the TensorBoard writer and end the trackers' runs (``finished``: not stopped to resume)."""
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+        if self.trackers is not None:
+            self.trackers.close(finished)
+            self.trackers = None
