@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..distributed import is_main_process
 from ..log import LOGGER
 from .headers import ORIENTATION_TAG, TRANSPOSED_ORIENTATIONS, fast_image_size
 from .label_cache import (
@@ -316,6 +317,9 @@ def _verify(pair: tuple[str, str]) -> tuple:
     return status, boxes, polygons, shape, duplicates, message
 
 
+_REPORTED: set[tuple[str, str]] = set()  # (cache path, files hash) whose problems this process has listed
+
+
 def _report(messages: list[str], level: int, limit: int = 30) -> None:
     for message in messages[:limit]:
         LOGGER.log(level, message)
@@ -365,8 +369,13 @@ def load_labels(
 
     counts, messages = result["counts"], result["messages"]
     # The process that scanned warns; processes reading its cache (the other ranks of a
-    # node, later runs) repeat the list at INFO, which only the main process shows.
-    _report(messages, logging.INFO if loaded else logging.WARNING)
+    # node, later runs) repeat the list at INFO, which only the main process shows. Every node's
+    # first process scans its own copy of the data: only global rank 0's list warns, so a job's
+    # log names each problem once, not once per node (LabelSet.messages has every node's). Within a
+    # process the list is given once: a val split of train's images (coco128's) does not repeat it.
+    if (str(cache_path), files_hash) not in _REPORTED:
+        _report(messages, logging.WARNING if not loaded and is_main_process() else logging.INFO)
+        _REPORTED.add((str(cache_path), files_hash))
     source = "cache" if loaded else "scan"
     LOGGER.info(
         f"{prefix}{len(im_files)} images ({source} {cache_path}): {counts['found']} found, "

@@ -179,8 +179,15 @@ def test_bad_files_are_reported_by_file_and_skipped(dataset: dict[str, Path], lo
     summary = [r.getMessage() for r in log_records if "images (scan" in r.getMessage()]
     assert summary and f"{len(kept) - 2} found, 1 missing, 1 empty, {len(bad)} corrupt" in summary[0]
 
-    # from the cache, the same report, repeated at INFO: only the process that scanned warns
+    # in the same process (a val split of the same images, as coco128's) the list is not given again
     log_records.clear()
+    assert load_labels(im_files).messages == result.messages
+    assert not [r for r in log_records if "truncated." in r.getMessage()]
+    assert any("images (cache" in r.getMessage() and f"{len(bad)} corrupt" in r.getMessage() for r in log_records)
+
+    # from the cache in another process (a later run), the same report, repeated at INFO: only the scan warns
+    log_records.clear()
+    labels_module._REPORTED.clear()  # what a new process starts with
     assert load_labels(im_files).messages == result.messages
     problems = [r for r in log_records if "truncated." in r.getMessage()]
     assert problems and all(r.levelno == logging.INFO for r in problems)
@@ -433,3 +440,17 @@ def test_threads_pay_only_for_time_spent_waiting_for_files():
     assert label_scan.threads_pay(wall=1.0, cpu=0.1, queued=0.0)  # waiting for a network file system
     assert not label_scan.threads_pay(wall=1.0, cpu=0.6, queued=0.0)  # parsing: CPU work
     assert not label_scan.threads_pay(wall=1.0, cpu=0.1, queued=0.85)  # a busy machine kept it queued for a CPU
+
+
+def test_another_nodes_scan_lists_its_problems_at_info_so_the_job_log_has_each_once(
+    dataset: dict[str, Path], log_records, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # node 1's first process (global rank 1 of 2, one process per node) scans its own copy of the data
+    launcher = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1"}
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    result = load_labels(find_images(dataset["good"].parent), workers=1)
+    assert not result.cache_loaded and result.counts["corrupt"] > 0
+    assert any("truncated." in m for m in result.messages)
+    warned = [r.getMessage() for r in log_records if r.levelno >= logging.WARNING]
+    assert warned == [], warned  # rank 0's scan warns about each file; this one lists them at INFO (not shown)
