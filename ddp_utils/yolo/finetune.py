@@ -55,6 +55,10 @@ def freeze_layers(model: nn.Module, freeze: Iterable[int]) -> list[str]:
     Returns:
         The names of the frozen parameters.
 
+    Raises:
+        ValueError: an index that is not one of the model's layers, or every trainable layer frozen
+            (nothing would learn); the message names the layers the model has.
+
     Examples:
         >>> net = nn.Module()
         >>> net.model = nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1))
@@ -62,8 +66,21 @@ def freeze_layers(model: nn.Module, freeze: Iterable[int]) -> list[str]:
         ['model.0.weight', 'model.0.bias']
         >>> [p.requires_grad for p in net.parameters()]
         [False, False, True, True]
+        >>> freeze_layers(net, [0, 1])
+        Traceback (most recent call last):
+        ValueError: --freeze: every layer with parameters (of 0-1) would be frozen, leaving nothing to train
     """
+    freeze = sorted({int(i) for i in freeze})
+    layers = len(model.model) if isinstance(getattr(model, "model", None), nn.Sequential) else None
     prefixes = tuple(f"model.{i}." for i in freeze)
+    if prefixes and all(name.startswith(prefixes) for name, _ in model.named_parameters()):
+        raise ValueError(
+            f"--freeze: every layer with parameters (of 0-{layers - 1 if layers else '?'}) would be frozen, "
+            "leaving nothing to train"
+        )
+    outside = [i for i in freeze if i < 0 or (layers is not None and i >= layers)]
+    if outside:
+        raise ValueError(f"--freeze: layer {outside[0]} is not in the model, whose layers are 0-{layers - 1}")
     frozen = []
     for name, param in model.named_parameters():
         param.requires_grad = not (prefixes and name.startswith(prefixes))

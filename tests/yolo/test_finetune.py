@@ -50,3 +50,12 @@ def test_grid_size_is_the_largest_stride_and_at_least_32():
     assert grid_size(model) == 32
     model.model[-1].stride = torch.tensor([8.0, 16.0])
     assert grid_size(model) == 32
+
+
+def test_freeze_refuses_layers_the_model_lacks_and_freezing_everything():
+    model = Model("yolov5n.yaml", nc=4)  # layers 0-24
+    with pytest.raises(ValueError, match=r"^--freeze: layer 40 is not in the model, whose layers are 0-24$"):
+        freeze_layers(model, freeze_indices([2, 40]))
+    with pytest.raises(ValueError, match=r"every layer with parameters \(of 0-24\) would be frozen"):
+        freeze_layers(model, freeze_indices([30]))  # YOLOv5's "first 30" on a 25-layer model
+    assert len(freeze_layers(model, freeze_indices([24]))) > 0  # all but the head: the head still trains
