@@ -318,6 +318,35 @@ def test_rank_zero_first_is_job_wide(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+def test_zero_first_sections_are_named_by_what_they_guard(tmp_path):
+    workers = launch("tests.workers.distributed_scenarios:zero_first_keys", 3, timeout=90, args=(tmp_path,))
+    assert_all_ok(workers)
+    recs = records(workers)
+    assert [r["leader"] for r in recs] == [True, False, False]
+    # the leader's extra section shifted nothing: each follower found the leader's file in each section
+    assert all(r["found"] == [True] * 4 for r in recs[1:]), recs
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_zero_first_wait_is_bounded_and_names_the_section():
+    workers = launch("tests.workers.distributed_scenarios:zero_first_other_key", 2, timeout=90, args=("2",))
+    assert_all_ok(workers)
+    leader, follower = records(workers)
+    assert leader["error"] is None
+    assert "first-process section 'ddp_utils/first/0/node0/b/0'" in follower["error"], follower
+    assert 2 <= follower["seconds"] < 10, follower
+
+
+def test_zero_first_refuses_an_unbounded_wait():
+    with pytest.raises(ValueError, match="timeout=None: give the seconds a follower may wait"):
+        du.torch_distributed_zero_first(0, timeout=None)
+    with pytest.raises(ValueError, match="timeout=0: give the seconds a follower may wait"):
+        du.torch_distributed_rank_zero_first(timeout=0)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("nprocs", "scope"), [(2, "node"), (3, "node"), (3, "job")])
 def test_zero_first_error_reaches_every_rank_promptly(nprocs, scope):
     # the group's timeout is 10 minutes: the others must not wait for it

@@ -46,6 +46,53 @@ def zero_first_order(directory: str, scope: str = "node", delay: str = "1.0") ->
     du.cleanup()
 
 
+def zero_first_keys(directory: str) -> None:
+    """Sections named by what they guard survive a rank opening one the others do not.
+
+    Rank 0 alone first opens a section of its own (as code behind ``if rank == 0`` would; a process-wide
+    count then differs between ranks); then every rank opens a section keyed "cache" twice (two loaders
+    of one cache) and a default-keyed one twice in a loop. In each, the followers must find what the
+    leader wrote in that very section.
+    """
+    info = du.init_distributed(backend="gloo")
+    leader = info.local_rank == 0
+    if leader:
+        with du.torch_distributed_zero_first(info.local_rank, key="only on the leader"):
+            pass
+    found = []
+    for name in ("cache0", "cache1", "line0", "line1"):
+        marker = Path(directory) / f"{name}.txt"
+        section = (
+            du.torch_distributed_zero_first(info.local_rank, timeout=60, key="cache")
+            if name.startswith("cache")
+            else du.torch_distributed_zero_first(info.local_rank, timeout=60)
+        )
+        with section:
+            if leader:
+                time.sleep(0.5)  # the others must still be waiting when this ends
+                marker.write_text(name)
+            else:
+                found.append(marker.exists())
+    emit(json.dumps({"rank": info.rank, "leader": leader, "found": found}))
+    du.cleanup()
+
+
+def zero_first_other_key(timeout: str = "2") -> None:
+    """The leader opens a section under one name, the followers under another: they give up after ``timeout``."""
+    info = du.init_distributed(backend="gloo", timeout=600)
+    leader = info.local_rank == 0
+    start = time.monotonic()
+    try:
+        with du.torch_distributed_zero_first(info.local_rank, timeout=float(timeout), key="a" if leader else "b"):
+            pass
+        error = None
+    except du.distributed.RankFailedError as exc:
+        error = str(exc)
+    emit(json.dumps({"rank": info.rank, "error": error, "seconds": time.monotonic() - start}))
+    du.barrier()
+    du.cleanup()
+
+
 def zero_first_leader_raises(scope: str = "node") -> None:
     info = du.init_distributed(backend="gloo", timeout=600)
     section = (
