@@ -318,6 +318,22 @@ def test_rank_zero_first_is_job_wide(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+def test_collectives_over_a_subgroup_blocking_and_async():
+    workers = launch("tests.workers.distributed_scenarios:group_collectives", 3, timeout=90)
+    assert_all_ok(workers)
+    r0, r1, r2 = records(workers)
+    for r in (r0, r2):
+        assert r["mean"] == [2.0, 20.0] and r["sum_async"] == [4.0, 40.0]  # ranks 0 and 2 only: 1 + 3
+        assert r["dict"] == {"a": 2.0} and r["any"] == [True, False] and r["any_async"] is True
+        assert r["broadcast"] == "from 2" and r["gathered"] == [0, 20]
+        assert r["host_flags"] == [1.0, 2.0]
+    assert r2["max_to_2"] == [3.0, 30.0] and r0["max_to_2"] == [1.0, 10.0]  # rank 0 keeps its own value
+    assert len(r1["errors"]) == 3 and all("rank 1 is not in the group" in e for e in r1["errors"]), r1
+    assert r0["world_sum"] == r1["world_sum"] == r2["world_sum"] == [3.0]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
 def test_zero_first_sections_are_named_by_what_they_guard(tmp_path):
     workers = launch("tests.workers.distributed_scenarios:zero_first_keys", 3, timeout=90, args=(tmp_path,))
     assert_all_ok(workers)

@@ -174,6 +174,51 @@ def collectives(init_method: str = "env://") -> None:
     du.cleanup()
 
 
+def group_collectives() -> None:
+    """3 gloo ranks; every collective over the subgroup {0, 2} (rank 1 stays out), blocking and async."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from ddp_utils.distributed import all_reduce
+
+    info = du.init_distributed(backend="gloo")
+    rank = info.rank
+    sub = dist.new_group([0, 2], backend="gloo")  # every rank makes it; only its members use it
+    out: dict = {"rank": rank}
+    if rank in (0, 2):
+        local = torch.tensor([float(rank + 1), 10.0 * (rank + 1)])
+        started = du.reduce_tensor(local, "sum", group=sub, async_op=True)  # read after the others
+        out["mean"] = du.reduce_tensor(local, "mean", group=sub).tolist()
+        out["max_to_2"] = du.reduce_tensor(local, "max", dst=2, group=sub).tolist()
+        out["dict"] = {k: float(v) for k, v in du.reduce_dict({"a": float(rank)}, "sum", group=sub).items()}
+        out["any"] = [du.any_rank(rank == 2, group=sub), du.any_rank(False, group=sub)]
+        out["any_async"] = du.any_rank(rank == 0, group=sub, async_op=True).wait()
+        out["broadcast"] = du.broadcast_object(f"from {rank}", src=2, group=sub)
+        out["gathered"] = du.all_gather_object(rank * 10, group=sub)
+        host = np.array([float(rank == 2), float(rank)], dtype=np.float32)
+        pending = all_reduce(torch.from_numpy(host), op="max", group=sub, async_op=True)
+        pending.wait()
+        out["host_flags"] = host.tolist()  # read from the NumPy array the tensor shares
+        out["sum_async"] = started.wait().tolist()
+        du.barrier(group=sub)
+        du.barrier(group=sub, async_op=True).wait()
+    else:
+        errors = []
+        for call in (
+            lambda: du.reduce_tensor(torch.ones(1), group=sub),
+            lambda: du.any_rank(True, group=sub),
+            lambda: du.all_gather_object(1, group=sub),
+        ):
+            try:
+                call()
+            except ValueError as exc:
+                errors.append(str(exc))
+        out["errors"] = errors
+    out["world_sum"] = du.reduce_tensor(torch.tensor([1.0]), "sum").tolist()  # the default group after
+    emit(json.dumps(out))
+    du.cleanup()
+
+
 def helpers_demo() -> None:
     """What a detection project does with the helpers, run by torchrun in the tests."""
     du.set_logging()
