@@ -1,4 +1,10 @@
-"""Fixtures for every test, the doctests of ddp_utils/ included."""
+"""Fixtures for every test, the doctests of ddp_utils/ included, and the two test tiers.
+
+``python -m pytest`` runs the fast tier (pyproject's ``-m "not slow"``); ``python -m pytest -m slow``
+the slow one: tests that run train.py, torchrun or sbatch, or wait by design. A test outside the slow
+tier whose call takes more than :data:`SLOW_SECONDS` fails, saying to mark it slow, so the fast tier
+stays fast without anyone watching it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,32 @@ import os
 import pytest
 
 from ddp_utils import log
+
+SLOW_SECONDS = 10.0  # an unmarked test's call may take this long; beyond it, it belongs to the slow tier
+# Modules whose every test runs train.py (or torchrun, or sbatch of the recipes): the slow tier whole.
+SLOW_MODULES = ("tests/test_train.py", "tests/test_train_resume.py", "tests/test_train_elastic.py", "tests/test_slurm.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("::")[0] in SLOW_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Fail a passing test that is not marked slow and whose call took over :data:`SLOW_SECONDS`."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
+        return
+    if call.duration > SLOW_SECONDS:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} took {call.duration:.1f} s, more than the fast tier's {SLOW_SECONDS:g} s: "
+            "mark it @pytest.mark.slow (with a @pytest.mark.timeout), so that it runs in "
+            "`python -m pytest -m slow`, or make it faster"
+        )
 
 
 @pytest.fixture(autouse=True)
