@@ -50,6 +50,8 @@ def records(workers) -> dict[int, dict]:
         ("broadcast_object", 0),  # rank 0 hosts the store and is the broadcast's source
     ],
 )
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_rank_raising_before_a_collective_ends_every_process_promptly(collective, failing_rank):
     # the group's timeout is 10 minutes: a peer that noticed only at the timeout would blow the deadline
     workers = launch(f"{SCENARIOS}:rank_raises_before_collective", 3, timeout=120, args=(collective, failing_rank))
@@ -65,6 +67,7 @@ def test_rank_raising_before_a_collective_ends_every_process_promptly(collective
         assert seen[rank]["seconds"] < 30, output
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_uncaught_error_while_others_wait_in_barrier_exits_every_rank_nonzero():
@@ -79,6 +82,7 @@ def test_uncaught_error_while_others_wait_in_barrier_exits_every_rank_nonzero():
     assert max(w.seconds for w in workers) < 60, output
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_stalled_rank_is_bounded_by_ddp_utils_dist_timeout():
@@ -97,6 +101,7 @@ def test_stalled_rank_is_bounded_by_ddp_utils_dist_timeout():
 # --- first-process sections under load ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_label_cache_rebuilt_50_times_by_two_nodes_is_written_once_per_round_and_never_torn(tmp_path):
@@ -149,6 +154,7 @@ def test_loader_worker_on_a_corrupt_image_names_the_file(tmp_path):
     assert str(victim) in str(info.value), f"the error does not name {victim}: {info.value!r}"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_loader_worker_killed_mid_epoch_is_an_error_not_a_hang_and_the_next_epoch_runs(tmp_path):

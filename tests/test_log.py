@@ -44,6 +44,7 @@ USER_LINES = """
 """
 
 
+@pytest.mark.slow
 def test_a_plain_import_speaks_on_rank_0_without_set_logging_and_leaves_root_alone():
     done = run(
         USER_LINES
@@ -58,6 +59,7 @@ def test_a_plain_import_speaks_on_rank_0_without_set_logging_and_leaves_root_alo
     assert done.stdout.strip() == "cpu"
 
 
+@pytest.mark.slow
 def test_the_label_scan_summary_reaches_a_yolov5_users_script(tmp_path):
     code = f"""
     from ddp_utils import create_dataloader, make_shapes_dataset

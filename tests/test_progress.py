@@ -107,6 +107,7 @@ def test_label_scan_progress_ends_at_n_of_n(mode, tmp_path, capsys):
     assert ("\r" in err) == (mode == "bar"), err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_val_progress_option_plain_lines_or_none(tmp_path):
     """``python -m ddp_utils val --progress``: the label scan as plain lines ending at n/n, or nothing."""

@@ -38,6 +38,7 @@ def trained(project: Path, name: str) -> dict:
     return load_checkpoint(project / name / "weights" / "last.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 def test_one_step_of_two_ranks_equals_one_process(tmp_path):
@@ -56,6 +57,7 @@ def test_one_step_of_two_ranks_equals_one_process(tmp_path):
     assert worst < 1e-3, f"gradients differ by up to {worst:.2e} (max |diff| / max |grad| of a tensor)"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_ranks_load_together_what_one_process_loads(tmp_path):

@@ -40,6 +40,7 @@ SAMPLE = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_unmarked_slow_test_fails_saying_to_mark_it(tmp_path):
     result = _pytest(tmp_path, SAMPLE)
@@ -50,6 +51,7 @@ def test_an_unmarked_slow_test_fails_saying_to_mark_it(tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_slow_tier_runs_what_the_fast_one_leaves_out(tmp_path):
     result = _pytest(tmp_path, SAMPLE, "-m", "slow")
@@ -61,4 +63,7 @@ def test_modules_that_run_train_py_are_in_the_slow_tier():
 
     for module in conftest.SLOW_MODULES:
         assert (REPO_ROOT / module).is_file(), module
+    for test in conftest.SLOW_TESTS:  # a renamed test would silently drop back into the fast tier
+        module, name = test.split("::")
+        assert f"def {name}(" in (REPO_ROOT / module).read_text(), test
     assert "tests/test_train.py" in conftest.SLOW_MODULES and "tests/test_slurm.py" in conftest.SLOW_MODULES

@@ -166,6 +166,8 @@ def test_strip_optimizer_refuses_foreign_classes(tmp_path):
         strip_optimizer(tmp_path / "missing.pt")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_model_info_takes_verbose_second_as_yolov5(model, caplog):
     """utils/torch_utils.py: ``model_info(model, verbose=False, imgsz=640)``; a True second argument is verbose."""
     import logging

@@ -163,6 +163,8 @@ def test_yolov5_checkpoint_is_scored_with_its_class_names(setup: dict[str, Path]
     assert {"class0", "class1"} <= set(table_rows(result.stdout))  # the checkpoint's names, as YOLOv5's val
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_one_class_prints_the_class_row_only_with_verbose(setup: dict[str, Path], tmp_path: Path) -> None:
     weights = tmp_path / "one.pt"
     save_checkpoint(build_checkpoint(Model("yolov5n.yaml", nc=1)), weights)

@@ -280,6 +280,7 @@ def test_reduce_tensor_rejects_unknown_op():
 # --- real process groups ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -293,6 +294,7 @@ def test_zero_first_order(tmp_path, nprocs):
     assert all(r["found"] == str(leader["rank"]) for r in others)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_zero_first_runs_once_per_node(tmp_path):
@@ -304,6 +306,7 @@ def test_zero_first_runs_once_per_node(tmp_path):
     assert recs[1]["found"] == "0" and recs[3]["found"] == "2"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_rank_zero_first_is_job_wide(tmp_path):
@@ -316,6 +319,7 @@ def test_rank_zero_first_is_job_wide(tmp_path):
     assert all(r["found"] == "0" for r in recs[1:])
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_over_a_subgroup_blocking_and_async():
@@ -332,6 +336,7 @@ def test_collectives_over_a_subgroup_blocking_and_async():
     assert r0["world_sum"] == r1["world_sum"] == r2["world_sum"] == [3.0]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_zero_first_sections_are_named_by_what_they_guard(tmp_path):
@@ -343,6 +348,7 @@ def test_zero_first_sections_are_named_by_what_they_guard(tmp_path):
     assert all(r["found"] == [True] * 4 for r in recs[1:]), recs
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_zero_first_wait_is_bounded_and_names_the_section():
@@ -361,6 +367,7 @@ def test_zero_first_refuses_an_unbounded_wait():
         du.torch_distributed_rank_zero_first(timeout=0)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("nprocs", "scope"), [(2, "node"), (3, "node"), (3, "job")])
@@ -377,6 +384,7 @@ def test_zero_first_error_reaches_every_rank_promptly(nprocs, scope):
     assert max(w.seconds for w in workers) - workers[0].seconds < 10, describe(workers)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_long_first_process_body_does_not_trip_collective_timeout():
@@ -407,12 +415,14 @@ def _check_collectives(workers, world):
             assert r["sum_to_1"] == r["local_unchanged"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_env_init():
     _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 2, timeout=90), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_tcp_init():
@@ -420,6 +430,7 @@ def test_collectives_tcp_init():
     _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 2, timeout=90, args=(url,)), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_file_init(tmp_path):
@@ -427,6 +438,7 @@ def test_collectives_file_init(tmp_path):
     _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 3, timeout=90, args=(url,)), 3)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_torchrun_runs_the_helpers_demo():
@@ -461,6 +473,7 @@ def test_torchrun_runs_the_helpers_demo():
         assert r["names"] == ["circle", "square"] and r["everyone"] == [0, 1] and r["elapsed_ok"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
 def test_elastic_restart_forms_a_fresh_group():
@@ -482,6 +495,7 @@ def test_elastic_restart_forms_a_fresh_group():
     assert recs == [{"rank": 0, "attempt": 1, "total": 2.0}, {"rank": 1, "attempt": 1, "total": 2.0}]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
@@ -497,6 +511,7 @@ def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
     assert [records([w])[0]["error"] for w in workers[:2]] == [None, None]  # node 0 is unaffected
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_cpu_device_on_a_gpu_host_forms_a_gloo_group():

@@ -19,6 +19,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert diff <= TOL, f"{what}: differs by {diff:.2e} (relative to max |value|), more than {TOL}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("momentum", ["0.1", "none"])
 def test_two_ranks_equal_one_process(tmp_path, momentum):
@@ -85,6 +86,7 @@ def test_convert_and_revert_share_tensors_and_keep_the_kind():
     assert type(convert_sync_batchnorm(nn.BatchNorm2d(3))) is GroupBatchNorm  # a layer itself, converted
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_group_batchnorm_never_waits_and_torchs_syncbatchnorm_waits_in_every_forward():

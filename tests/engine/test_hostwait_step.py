@@ -34,6 +34,7 @@ def check(record: dict, steps: int, distributed: bool) -> None:
     assert record["after_last_step"] == [], record
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_gpu_form_epoch_in_one_process_never_waits_in_steady_state():
     record = count_epoch(steps=9, accumulate=2)

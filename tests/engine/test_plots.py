@@ -18,6 +18,8 @@ def assert_image(path, min_side=100):
     return image
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_results_png(tmp_path):
     logger = ResultsLogger(tmp_path, tensorboard=False)
     for epoch in range(4):
