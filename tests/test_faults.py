@@ -200,6 +200,7 @@ def tiny_tmpfs(tmp_path):
         subprocess.run(["umount", str(mount_point)], capture_output=True, timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_checkpoint_save_on_a_full_disk_keeps_the_previous_file(tiny_tmpfs):
     target = tiny_tmpfs / "weights" / "last.pt"

@@ -115,6 +115,7 @@ def test_a_null_handler_silences_it():
     assert run(code + USER_LINES).stderr.strip() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("calls", [1, 2])
 def test_set_logging_after_import_prints_each_line_once(calls):
     code = """
@@ -127,6 +128,7 @@ def test_set_logging_after_import_prints_each_line_once(calls):
     assert lines(done.stderr) == ["user info line", "user warning line"]
 
 
+@pytest.mark.slow
 def test_set_logging_rank_and_verbosity_override_the_environment():
     code = """
     import ddp_utils as du
