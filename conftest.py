@@ -35,6 +35,16 @@ SLOW_TESTS = (
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fast-tier-seconds",
+        type=float,
+        default=SLOW_SECONDS,
+        help=f"fail an unmarked test whose call takes longer (default {SLOW_SECONDS:g}; 0: never; "
+        "raise it on a host other jobs load, where wall times stretch)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module, _, name = item.nodeid.partition("::")
@@ -45,15 +55,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Fail a passing test that is not marked slow and whose call took over :data:`SLOW_SECONDS`."""
+    """Fail a passing test that is not marked slow and whose call took over ``--fast-tier-seconds``."""
     outcome = yield
     report = outcome.get_result()
     if call.when != "call" or not report.passed or item.get_closest_marker("slow") is not None:
         return
-    if call.duration > SLOW_SECONDS:
+    limit = item.config.getoption("--fast-tier-seconds")
+    if limit and call.duration > limit:
         report.outcome = "failed"
         report.longrepr = (
-            f"{item.nodeid} took {call.duration:.1f} s, more than the fast tier's {SLOW_SECONDS:g} s: "
+            f"{item.nodeid} took {call.duration:.1f} s, more than the fast tier's {limit:g} s: "
             "mark it @pytest.mark.slow (with a @pytest.mark.timeout), so that it runs in "
             "`python -m pytest -m slow`, or make it faster"
         )

@@ -23,10 +23,7 @@ def _pytest(tmp_path, source: str, *args: str) -> subprocess.CompletedProcess:
 
 SAMPLE = """
     import time
-    import conftest
     import pytest
-
-    conftest.SLOW_SECONDS = 0.2  # the guard's limit, scaled down for the test
 
     def test_quick():
         pass
@@ -43,7 +40,7 @@ SAMPLE = """
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_an_unmarked_slow_test_fails_saying_to_mark_it(tmp_path):
-    result = _pytest(tmp_path, SAMPLE)
+    result = _pytest(tmp_path, SAMPLE, "--fast-tier-seconds", "0.2")  # the guard's 10 s, scaled down
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 failed, 1 passed, 1 deselected" in result.stdout, result.stdout
     assert "test_unmarked_and_slow took 0.5 s, more than the fast tier's 0.2 s: mark it @pytest.mark.slow" in (
@@ -54,8 +51,10 @@ def test_an_unmarked_slow_test_fails_saying_to_mark_it(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_slow_tier_runs_what_the_fast_one_leaves_out(tmp_path):
-    result = _pytest(tmp_path, SAMPLE, "-m", "slow")
+    result = _pytest(tmp_path, SAMPLE, "-m", "slow", "--fast-tier-seconds", "0.2")
     assert result.returncode == 0 and "1 passed, 2 deselected" in result.stdout, result.stdout + result.stderr
+    unguarded = _pytest(tmp_path, SAMPLE, "--fast-tier-seconds", "0")  # 0: no guard, for a loaded host
+    assert unguarded.returncode == 0 and "2 passed, 1 deselected" in unguarded.stdout, unguarded.stdout
 
 
 def test_modules_that_run_train_py_are_in_the_slow_tier():
