@@ -26,7 +26,9 @@ from ddp_utils.engine import (
     Warmup,
     lr_lambda,
     smart_optimizer,
+    to_channels_last,
     train_one_epoch,
+    use_channels_last,
     wrap_model,
 )
 from ddp_utils.engine import loop as loop_module
@@ -80,6 +82,9 @@ def gpu_form_step(nb: int, accumulate: int, distributed: bool, world_size: int =
     torch.manual_seed(0)
     cfg, _ = load_model_yaml("yolov5n.yaml")
     model = Model({**cfg, "width_multiple": 0.125}, ch=3, nc=3).to(device)  # yolov5n's layers, thinner: fast
+    channels_last = use_channels_last(device)  # CUDA: as train.py, before the optimizer and the wrapper
+    if channels_last:
+        to_channels_last(model)
     hyp = load_hyp("hyp.shapes.yaml")
     optimizer = smart_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"], fused=True)
     lf = lr_lambda(hyp["lrf"], 3)
@@ -92,8 +97,12 @@ def gpu_form_step(nb: int, accumulate: int, distributed: bool, world_size: int =
     assert warmup.iters == WARMUP_ITERS
     amp = "fp16" if device.type == "cuda" else "bf16"
     scaler = torch.amp.GradScaler(device.type, enabled=True)
+    if channels_last:
+        to_channels_last(ema.ema)
     model = wrap_model(model, device, distributed=distributed)
-    return TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, amp, world_size)
+    return TrainStep(
+        model, optimizer, scaler, ema, compute_loss, accumulate, warmup, amp, world_size, channels_last=channels_last
+    )
 
 
 def _counting_no_sync(model: nn.Module) -> list[int]:
