@@ -141,6 +141,8 @@ def test_shared_cache_refuses_when_memory_is_short(tmp_path, monkeypatch, ddp_lo
     assert "not caching images in RAM" in ddp_log.text
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_shared_cache_file_removed_at_exit(tmp_path):
     files = write_images(tmp_path, [(50, 50)])
     code = (

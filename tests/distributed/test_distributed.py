@@ -145,6 +145,8 @@ def test_only_distributed_reads_launcher_variables():
     assert readers == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_import_reads_no_launcher_variable():
     # a malformed RANK fails dist_info() when called; importing must not call it
     code = "import ddp_utils, ddp_utils.data, ddp_utils.engine, ddp_utils.yolo, ddp_utils.profiling; print('ok')"
