@@ -180,6 +180,7 @@ def test_one_class_prints_the_class_row_only_with_verbose(setup: dict[str, Path]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("change", "message"),
     [
