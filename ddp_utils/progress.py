@@ -11,6 +11,8 @@ redraw stays, and a 20-epoch run leaves hundreds of them. So the mode is one of:
 ``DDP_UTILS_PROGRESS=bar|plain|off`` chooses for a process and its children; a command's
 ``--progress`` option sets that variable (:func:`set_progress_mode`). :func:`progress` makes the
 reporter; every bar of ddp_utils (the label scan, downloads, the training epoch) goes through it.
+How often a reporter refreshes is its ``interval`` argument; the module's constants and
+``DDP_UTILS_PROGRESS_SECONDS`` are only the defaults, never changed at run time.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ PROGRESS_ENV = "DDP_UTILS_PROGRESS"
 PROGRESS_MODES = ("bar", "plain", "off")
 PLAIN_SECONDS = 10.0  # how often a plain progress line is printed, unless $DDP_UTILS_PROGRESS_SECONDS says
 PLAIN_SECONDS_ENV = "DDP_UTILS_PROGRESS_SECONDS"
-BAR_SECONDS = 0.5  # how often a bar redraws (and its caller may refresh the description)
+BAR_SECONDS = 0.5  # how often a bar redraws (and its caller may refresh the description), unless given
 
 
 def progress_mode(mode: str | None = None, stream: TextIO | None = None) -> str:
@@ -71,11 +73,10 @@ def set_progress_mode(mode: str | None) -> None:
         ValueError: an unknown mode.
 
     Examples:
-        >>> old = os.environ.get(PROGRESS_ENV)
         >>> set_progress_mode("off")
-        >>> progress_mode()
-        'off'
-        >>> set_progress_mode(old or "bar")
+        >>> progress_mode(), os.environ[PROGRESS_ENV]
+        ('off', 'off')
+        >>> del os.environ[PROGRESS_ENV]  # the example's own clean-up: the variable was not set before
     """
     if mode is not None:
         os.environ[PROGRESS_ENV] = progress_mode(mode)
@@ -187,18 +188,20 @@ class PlainProgress:
 
 
 class _TqdmProgress:
-    """A tqdm bar with :meth:`due` (time to refresh the description, at most every :data:`BAR_SECONDS`)."""
+    """A tqdm bar with :meth:`due` (time to refresh the description, at most every ``interval`` seconds,
+    :data:`BAR_SECONDS` by default); the bar redraws itself no more often."""
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, interval: float | None = None, **options: Any) -> None:
         from tqdm import tqdm  # lazy: a process that shows no bar never imports it
 
-        options.setdefault("mininterval", BAR_SECONDS)
+        self.interval = BAR_SECONDS if interval is None else interval
+        options.setdefault("mininterval", self.interval)
         options.setdefault("file", sys.stderr)
         self.bar = tqdm(**options)
         self.refreshed = 0.0
 
     def due(self) -> bool:
-        if time.monotonic() - self.refreshed > BAR_SECONDS:
+        if time.monotonic() - self.refreshed > self.interval:
             self.refreshed = time.monotonic()
             return True
         return False
@@ -244,7 +247,13 @@ class _NoProgress:
         pass
 
 
-def progress(total: int | None = None, desc: str = "", mode: str | None = None, **tqdm_options: Any) -> Any:
+def progress(
+    total: int | None = None,
+    desc: str = "",
+    mode: str | None = None,
+    interval: float | None = None,
+    **tqdm_options: Any,
+) -> Any:
     """A progress reporter for ``total`` steps in the mode :func:`progress_mode` picks.
 
     All three kinds have ``update(n)``, ``set_description(text)``, ``close()``, ``due()`` (whether a
@@ -255,6 +264,8 @@ def progress(total: int | None = None, desc: str = "", mode: str | None = None, 
         total: the number of steps (or bytes with ``unit="B"``).
         desc: the text before the count.
         mode: ``"bar"``, ``"plain"``, ``"off"``, or None (see :func:`progress_mode`).
+        interval: seconds between refreshes (and ``due()``): default :data:`BAR_SECONDS` for a bar,
+            :func:`plain_seconds` for plain lines.
         tqdm_options: passed to tqdm in mode bar (``unit``, ``unit_scale``, ``leave``...); ``unit`` and
             ``file`` also shape the plain lines.
 
@@ -270,10 +281,12 @@ def progress(total: int | None = None, desc: str = "", mode: str | None = None, 
         ['labels', '2/2', '100%']
         >>> progress(2, mode="off").due()
         False
+        >>> progress(2, mode="plain", interval=3600, file=out).due()  # the next line is an hour away
+        False
     """
     mode = progress_mode(mode, tqdm_options.get("file"))
     if mode == "off":
         return _NoProgress(total)
     if mode == "plain":
-        return PlainProgress(total, desc=desc, **tqdm_options)
-    return _TqdmProgress(total=total, desc=desc, **tqdm_options)
+        return PlainProgress(total, desc=desc, interval=interval, **tqdm_options)
+    return _TqdmProgress(interval, total=total, desc=desc, **tqdm_options)

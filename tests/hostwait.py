@@ -11,19 +11,37 @@ What the dispatcher shows on the CPU, and therefore what is counted:
 - ``_local_scalar_dense`` (behind ``.item()``, ``float()``, ``int()``, ``bool()`` of a tensor),
   ``is_nonzero``; ``nonzero``, ``masked_select``, ``unique*``, ``repeat_interleave`` without
   ``output_size``; ``index``/``index_put_`` with a boolean mask (their result's size is data);
+- ``equal`` and ``allclose`` (they answer a Python bool), ``bincount`` (CUDA reads the input's
+  maximum to size the output), ``histc`` without a range (CUDA reads the minimum and maximum);
 - copies to the CPU from another device (``_to_copy``/``copy_``): on a CPU-only host every tensor
   is on the CPU, so these can only show up where a test runs on a real device;
-- ``Tensor.tolist()``, ``Tensor.numpy()`` and ``Tensor.cpu()`` do not dispatch an aten op for a CPU
-  tensor, so the counter wraps them while it is active and records each call as a wait (on a
-  GPU they copy to the host). This over-counts reads of tensors that really live on the host
-  (none in a training step's steady state, which is why they count).
+- ``Tensor.tolist()``, ``Tensor.numpy()`` (``np.asarray(t)`` too), ``Tensor.cpu()`` and a blocking
+  ``Tensor.to("cpu")`` (the device spelled as the string) do not dispatch an aten op for a CPU
+  tensor, so the counter wraps them while it is active and records each call as a wait (on a GPU
+  they copy to the host). This over-counts reads of tensors that really live on the host (none in
+  a training step's steady state, which is why they count). ``non_blocking=True`` copies are not waits.
+
+What it cannot see (tests/test_hostwait.py shows each; the GPU test under
+``torch.cuda.set_sync_debug_mode("error")`` in tests/engine/test_hostwait_step.py covers them on a GPU host):
+
+- ``torch.cuda.synchronize()``, ``Event.synchronize()``/``elapsed_time()``, ``Stream.synchronize()``:
+  no aten op, and on a CPU-only host they fail before waiting for anything;
+- ``Tensor.to(device)`` with a ``torch.device`` that is the CPU: here it is the training device, so
+  ``t.to(torch.device("cpu"))`` (a copy to the host on a GPU) and ``t.to(device)`` (no copy) are the same call;
+- host-to-device copies made by a tensor constructor (``torch.tensor(data, device=d)``,
+  ``torch.as_tensor(array, device=d)``): no ``Tensor.to`` call, and on the CPU no copy op at all;
+- a copy between two devices that both are the CPU here (``dst.copy_(src)``, ``torch.empty(...).copy_``):
+  on a GPU host it may cross PCIe and wait; on the CPU it looks like any copy;
+- waits inside C++ outside the dispatcher (e.g. a CUDA caching allocator's ``empty_cache``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import types
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +61,9 @@ _ALWAYS_WAIT = {
     "unique_dim",
     "unique_consecutive",
     "unique_dim_consecutive",
+    "equal",
+    "allclose",
+    "bincount",
 }
 _BOOL_INDEX = {"index", "index_put", "index_put_", "_index_put_impl_"}
 _HOST_READS = ("tolist", "numpy", "cpu")
@@ -50,24 +71,42 @@ _HOST_READS = ("tolist", "numpy", "cpu")
 
 @dataclass(frozen=True)
 class HostWait:
-    """One op that makes the host wait for the device, and the source line that ran it."""
+    """One op that makes the host wait for the device, the source line that ran it, and the calling frames.
+
+    ``frames`` holds the code objects of the Python stack outside torch, this file, contextlib and
+    tqdm, innermost first: :meth:`within` tells which function a wait came from without matching text.
+    """
 
     op: str
     where: str
+    frames: tuple[types.CodeType, ...] = field(default=(), compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.op} at {self.where}"
 
+    def within(self, function: Callable) -> bool:
+        """Whether ``function`` (a plain function, not a builtin) was on the stack when the wait happened."""
+        return function.__code__ in self.frames  # type: ignore[attr-defined]
 
-def _source_line() -> str:
-    """``file:line (function)`` of the innermost frame outside torch, this file, contextlib and tqdm."""
+
+def _caller_frames() -> tuple[str, tuple[types.CodeType, ...]]:
+    """``file:line (function)`` of the innermost frame outside torch, this file, contextlib and tqdm;
+    and the code objects of all such frames, innermost first."""
+    where, codes = "<torch internals>", []
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(_TORCH_DIR) and not any(s in name for s in _SKIP_FILES):
-            return f"{os.path.relpath(name)}:{frame.f_lineno} ({frame.f_code.co_name})"
+            if not codes:
+                where = f"{os.path.relpath(name)}:{frame.f_lineno} ({frame.f_code.co_name})"
+            codes.append(frame.f_code)
         frame = frame.f_back
-    return "<torch internals>"
+    return where, tuple(codes)
+
+
+def _wait(op: str) -> HostWait:
+    where, frames = _caller_frames()
+    return HostWait(op, where, frames)
 
 
 def _has_bool_index(args: tuple) -> bool:
@@ -81,6 +120,8 @@ def _wait_reason(func, args: tuple, kwargs: dict) -> str | None:
         return name
     if name in _BOOL_INDEX and _has_bool_index(args):
         return f"{name} with a boolean mask"
+    if name == "histc" and _histc_range(args, kwargs) == (0, 0):
+        return "histc without a range"
     if name == "repeat_interleave" and kwargs.get("output_size") is None and len(args) < 4:
         return "repeat_interleave without output_size"
     if name in ("_to_copy", "copy_", "to"):
@@ -90,6 +131,26 @@ def _wait_reason(func, args: tuple, kwargs: dict) -> str | None:
         if on_device and dst is not None and torch.device(dst).type == "cpu":
             return f"{name} to the CPU"
     return None
+
+
+def _histc_range(args: tuple, kwargs: dict) -> tuple[float, float]:
+    low = args[2] if len(args) > 2 else kwargs.get("min", 0)
+    high = args[3] if len(args) > 3 else kwargs.get("max", 0)
+    return low, high
+
+
+def _blocking_to_cpu(args: tuple, kwargs: dict) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names the host as the string ``"cpu"`` and does not ask non_blocking.
+
+    Only the string: on a CPU-only host the training device is the CPU too, and ``t.to(device)``
+    with ``device = torch.device("cpu")`` is the same call as a copy to the host. Code moving a
+    tensor to the device passes the device; code that means the host writes ``"cpu"``.
+    """
+    device = args[0] if args else kwargs.get("device")
+    if not (isinstance(device, str) and device.split(":")[0] == "cpu"):
+        return False
+    _device, _dtype, non_blocking, _format = torch._C._nn._parse_to(*args, **kwargs)
+    return not non_blocking
 
 
 @dataclass
@@ -108,7 +169,7 @@ class HostWaitCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         reason = _wait_reason(func, args, kwargs)
         if reason is not None:
-            self.waits.append(HostWait(reason, _source_line()))
+            self.waits.append(_wait(reason))
         if not func.is_view:
             self.ops += 1
             self.by_op[func._schema.name.split("::")[-1]] += 1
@@ -118,6 +179,8 @@ class HostWaitCounter(TorchDispatchMode):
         for name in _HOST_READS:
             original = self._saved[name] = getattr(torch.Tensor, name)
             setattr(torch.Tensor, name, self._recording(name, original))
+        original_to = self._saved["to"] = torch.Tensor.to
+        torch.Tensor.to = self._recording("to", original_to, when=_blocking_to_cpu)
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
@@ -126,14 +189,20 @@ class HostWaitCounter(TorchDispatchMode):
             setattr(torch.Tensor, name, original)
         self._saved.clear()
 
-    def _recording(self, name: str, original):
+    def _recording(self, name: str, original, when: Callable[[tuple, dict], bool] | None = None):
         counter = self
+        op = "Tensor.to(cpu)" if name == "to" else f"Tensor.{name}()"
 
         def read(tensor: torch.Tensor, *args, **kwargs):
-            counter.waits.append(HostWait(f"Tensor.{name}()", _source_line()))
+            if when is None or when(args, kwargs):
+                counter.waits.append(_wait(op))
             return original(tensor, *args, **kwargs)
 
         return read
+
+    def within(self, function: Callable) -> list[HostWait]:
+        """The waits that ``function`` was on the stack for (e.g. the progress display's reads)."""
+        return [w for w in self.waits if w.within(function)]
 
     def lines(self) -> Counter:
         """How many waits each source line caused."""

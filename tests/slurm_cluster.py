@@ -4,7 +4,9 @@
 logs, the munge key and socket all live there, and the ports are free ones), so two test runs on
 one machine never meet; it waits until ``sinfo`` shows every node idle. Where that cannot happen
 (no binaries, not root, a daemon that dies, nodes that do not come up in time) it raises
-:class:`SlurmUnavailable` with the reason and the daemons' output, and the tests skip with it.
+:class:`SlurmUnavailable` with the reason and the daemons' output, and the tests skip with it
+(:func:`skip_or_fail`), unless ``$REQUIRE_SLURM`` is set (``.ci/run`` sets it): then they fail, so
+CI is never green without its SLURM tests having run.
 
 What it took (Debian bookworm: slurm-wlm 22.05.8, munge 0.5.15), found by trying:
 
@@ -48,8 +50,21 @@ COMMANDS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "
 CRED_EXPIRE = 10  # seconds; a requeued job starts again CRED_EXPIRE + 1 s after the requeue
 
 
+REQUIRE_ENV = "REQUIRE_SLURM"  # set (to anything but "" or "0"): no cluster is a failure, not a skip
+
+
 class SlurmUnavailable(RuntimeError):
     """No cluster can be started here; the message says why."""
+
+
+def skip_or_fail(exc: SlurmUnavailable) -> None:
+    """Skip the calling test saying why no cluster could start, or fail it where ``$REQUIRE_SLURM`` asks for one."""
+    import pytest  # only the tests call this; the module itself stays usable without pytest
+
+    message = f"no SLURM cluster on this machine: {exc}"
+    if os.environ.get(REQUIRE_ENV, "").strip() not in ("", "0"):
+        pytest.fail(f"{message}\n(${REQUIRE_ENV} is set: the SLURM tests must run here)", pytrace=False)
+    pytest.skip(message)
 
 
 def _free_ports(count: int) -> list[int]:

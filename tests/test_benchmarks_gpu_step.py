@@ -38,6 +38,7 @@ def test_train_log_parser_reads_train_py_epoch_lines_and_ignores_the_rest():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_without_cuda_it_says_so_and_measures_every_mode_at_quick_sizes():
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}  # no GPU, whatever the host has

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_step_ops_counts_every_part_and_finds_no_host_wait():
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -284,6 +284,7 @@ def nudged_models(draw) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=200)
 @given(cfg=st.one_of(nudged_models(), mutated_models(), st.dictionaries(st.text(max_size=8), MODEL_VALUES, max_size=6)))
 def test_any_model_yaml_gives_a_model_or_an_error_naming_the_file(tmp_path_factory, cfg: dict) -> None:

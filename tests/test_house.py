@@ -1,5 +1,9 @@
-"""The house rules the code can check itself: no import circle between files, modules that fit in a head,
-train.py in labelled stages of short functions, no module ``__getattr__``, nothing below cli/ importing it."""
+"""The house rules the code can check itself: no import circle between files, train.py in labelled stages
+of short functions, no module ``__getattr__``, nothing below cli/ importing it.
+
+No cap on a file's length: caps on train.py (280 lines) and on modules (450) were met by squeezing
+(a ``Training(None, ...)`` filled in later, tuples passed as parameters), and one concern per module
+already decides where a file ends. A function of train.py still fits on a screen (60 lines)."""
 
 from __future__ import annotations
 
@@ -9,10 +13,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ddp_utils"
 TRAIN = PACKAGE.parent / "train.py"
-# generous enough that nothing is squeezed to fit (a module split by concern, not by count; train.py grew a
-# stage for stopping anywhere and resuming); the function limit is the one that keeps the code readable
-MAX_MODULE_LINES = 500
-MAX_TRAIN_LINES = 380
 MAX_TRAIN_FUNCTION_LINES = 60
 
 
@@ -130,18 +130,8 @@ def test_no_module_getattr():
     assert offenders == []
 
 
-def test_modules_fit_in_a_head():
-    too_long = {
-        str(path.relative_to(PACKAGE.parent)): n
-        for path in PACKAGE.rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
-    }
-    assert too_long == {}
-
-
-def test_train_py_is_short_and_its_functions_are():
+def test_train_py_functions_are_short():
     source = TRAIN.read_text()
-    assert len(source.splitlines()) <= MAX_TRAIN_LINES
     long_functions = {
         node.name: node.end_lineno - node.lineno + 1
         for node in ast.walk(ast.parse(source))
@@ -158,4 +148,4 @@ def test_train_py_main_reads_as_labelled_stages():
     lines = TRAIN.read_text().splitlines()[main.lineno - 1 : main.end_lineno]
     stages = [re.search(r"# ---- (\w+)", line).group(1) for line in lines if "# ---- " in line]
     assert stages == ["launch", "resume", "data", "model", "optimizer", "epochs"], stages
-    assert any(isinstance(node, ast.For) for node in ast.walk(tree)), "the epoch loop is written out in train.py"
+    assert any(isinstance(node, (ast.For, ast.While)) for node in ast.walk(tree)), "the epoch loop is written out"

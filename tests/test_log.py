@@ -44,6 +44,7 @@ USER_LINES = """
 """
 
 
+@pytest.mark.slow
 def test_a_plain_import_speaks_on_rank_0_without_set_logging_and_leaves_root_alone():
     done = run(
         USER_LINES
@@ -58,6 +59,7 @@ def test_a_plain_import_speaks_on_rank_0_without_set_logging_and_leaves_root_alo
     assert done.stdout.strip() == "cpu"
 
 
+@pytest.mark.slow
 def test_the_label_scan_summary_reaches_a_yolov5_users_script(tmp_path):
     code = f"""
     from ddp_utils import create_dataloader, make_shapes_dataset
@@ -68,21 +70,25 @@ def test_the_label_scan_summary_reaches_a_yolov5_users_script(tmp_path):
     assert len(summary) == 1 and "4 found, 0 missing" in summary[0]
 
 
+@pytest.mark.slow
 def test_other_ranks_show_warnings_only_and_say_whose():
     done = run(USER_LINES, RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
     assert lines(done.stderr) == ["[rank 1] user warning line"]
 
 
+@pytest.mark.slow
 def test_rank_0_of_a_job_speaks_like_a_single_process():
     done = run(USER_LINES, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
     assert lines(done.stderr) == ["user info line", "user warning line"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quiet", ["0", "false", "off"])
 def test_the_environment_variable_keeps_info_quiet(quiet):
     assert lines(run(USER_LINES, DDP_UTILS_VERBOSE=quiet).stderr) == ["user warning line"]
 
 
+@pytest.mark.slow
 def test_a_host_that_configures_the_root_logger_gets_each_line_once_in_its_own_format():
     code = """
     import logging
@@ -92,6 +98,7 @@ def test_a_host_that_configures_the_root_logger_gets_each_line_once_in_its_own_f
     assert lines(done.stderr) == ["HOST ddp_utils INFO user info line", "HOST ddp_utils WARNING user warning line"]
 
 
+@pytest.mark.slow
 def test_a_handler_of_the_host_on_our_logger_replaces_ours():
     code = """
     import logging, sys
@@ -105,6 +112,7 @@ def test_a_handler_of_the_host_on_our_logger_replaces_ours():
     assert done.stderr.strip() == ""
 
 
+@pytest.mark.slow
 def test_a_null_handler_silences_it():
     code = """
     import logging
@@ -113,6 +121,7 @@ def test_a_null_handler_silences_it():
     assert run(code + USER_LINES).stderr.strip() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("calls", [1, 2])
 def test_set_logging_after_import_prints_each_line_once(calls):
     code = """
@@ -125,6 +134,7 @@ def test_set_logging_after_import_prints_each_line_once(calls):
     assert lines(done.stderr) == ["user info line", "user warning line"]
 
 
+@pytest.mark.slow
 def test_set_logging_rank_and_verbosity_override_the_environment():
     code = """
     import ddp_utils as du
@@ -140,6 +150,7 @@ def test_set_logging_rank_and_verbosity_override_the_environment():
     assert lines(done.stderr) == ["[rank 2] shown", "shown again"]
 
 
+@pytest.mark.slow
 def test_the_rank_is_read_when_a_line_is_logged_not_at_import():
     code = """
     import os

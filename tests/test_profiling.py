@@ -286,6 +286,8 @@ def test_profile_cpu_and_gpu_in_one_table():
     assert half["error"] is None and half["output_shape"] == (4, 8)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_cli_torchvision_prints_both_tables():
     import torchvision
 
@@ -332,6 +334,7 @@ def test_cli_bad_args_are_clear_errors(argv, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 def test_two_ranks_gather_rows_on_every_rank_rank0_prints():
@@ -342,6 +345,7 @@ def test_two_ranks_gather_rows_on_every_rank_rank0_prints():
     assert [(r["rank"], r["output_shape"]) for r in rows] == [(0, [2, 4]), (1, [2, 8])]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
@@ -362,6 +366,8 @@ def test_torchrun_cli_one_row_per_rank_printed_by_rank0():
     assert [line.split()[:3] for line in table[2:4]] == [["0", "ResNet", "cpu"], ["1", "ResNet", "cpu"]]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_cli_profiles_the_detector_from_its_yaml():
     cmd = [sys.executable, "-m", "ddp_utils", "profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu"]
     cmd += ["--n", "1"]
@@ -453,6 +459,8 @@ def test_top_level_profile_is_the_function():
     assert not (REPO_ROOT / "ddp_utils" / "profile.py").exists()  # the command line moved to ddp_utils.cli
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_cli_module_help():
     cmd = [sys.executable, "-m", "ddp_utils", "profile", "--help"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=launcher_env(), capture_output=True, text=True, timeout=60)

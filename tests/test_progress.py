@@ -44,6 +44,31 @@ def test_environment_and_explicit_mode_win_and_a_bad_one_is_named(monkeypatch):
         set_progress_mode("loud")
 
 
+def test_refresh_interval_is_an_argument_of_each_reporter(monkeypatch):
+    from ddp_utils import progress as progress_module
+
+    monkeypatch.setenv(progress_module.PLAIN_SECONDS_ENV, "0")  # the default a given interval overrides
+    plain = progress(3, mode="plain", interval=3600, file=io.StringIO())
+    bar = progress(3, mode="bar", interval=3600, file=io.StringIO())
+    assert (plain.interval, bar.interval, bar.bar.mininterval) == (3600, 3600, 3600)
+    assert bar.due() and not bar.due()  # the first refresh is due at once, the next an hour later
+    assert not plain.due()
+    default = progress(3, mode="bar", file=io.StringIO())
+    assert default.interval == progress_module.BAR_SECONDS and progress(3, mode="plain").interval == 0
+    for reporter in (plain, bar, default):
+        reporter.close()
+
+
+def test_no_ddp_utils_variable_reaches_a_test():
+    """The root conftest's fixture: whatever the shell or an earlier test set, a test starts without them."""
+    assert [name for name in os.environ if name.startswith("DDP_UTILS_")] == []
+    os.environ["DDP_UTILS_PROGRESS"] = "bar"  # left set on purpose: the fixture removes it after this test
+
+
+def test_a_variable_left_by_an_earlier_test_is_gone():
+    assert "DDP_UTILS_PROGRESS" not in os.environ
+
+
 def test_plain_progress_prints_a_line_when_due_and_a_last_one_without_carriage_returns():
     out = io.StringIO()
     bar = PlainProgress(4, desc="epoch 1/2", interval=0.0, file=out)
@@ -82,6 +107,7 @@ def test_label_scan_progress_ends_at_n_of_n(mode, tmp_path, capsys):
     assert ("\r" in err) == (mode == "bar"), err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_val_progress_option_plain_lines_or_none(tmp_path):
     """``python -m ddp_utils val --progress``: the label scan as plain lines ending at n/n, or nothing."""

@@ -53,6 +53,8 @@ def test_release_names_and_url_are_yolov5s_v7_assets(monkeypatch):
     assert released_weights("weights/yolov5s.pt") is None and released_weights("best.pt") is None
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_missing_release_weights_are_downloaded_once_into_the_cache_and_read_safely(cache, release):
     old = __import__("os").umask(0o022)
     try:
@@ -99,6 +101,8 @@ def test_offline_is_one_line_naming_the_url_to_fetch_by_hand(cache, monkeypatch)
         load_pretrained("yolov5q.pt")  # not a release name: not fetched
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_yolov5s_repo_paths_of_shipped_yamls_find_ours(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert (

@@ -3,7 +3,8 @@
 ``tests/slurm_cluster.py`` starts munged, slurmctld and two slurmds (one CPU each) as root; the
 recipes are submitted with ``sbatch`` as a user would, with CPU options on the command line and
 a tiny synthetic data set, and SLURM itself signals, requeues and restarts them. Where no cluster
-can be started (no slurm-wlm, not root) those tests skip and say why.
+can be started (no slurm-wlm, not root) those tests skip and say why, or fail where ``$REQUIRE_SLURM``
+is set, as ``.ci/run`` sets it.
 
 What a real cluster cannot be made to do here is tested with a stand-in ``scontrol`` that records
 its arguments and the environment srun would set: a failing or missing ``scontrol``, a requeue onto
@@ -28,7 +29,7 @@ from ddp_utils.engine import PreemptionHandler, TrainState, load_checkpoint
 from ddp_utils.engine.signals import requeue_job, requeue_signal
 
 from .multiproc import REPO_ROOT, free_port, launcher_env
-from .slurm_cluster import SlurmCluster, SlurmUnavailable, start_cluster
+from .slurm_cluster import SlurmCluster, SlurmUnavailable, skip_or_fail, start_cluster
 from .test_train import results, tiny_data_yaml, train_args
 
 JOB_ID = "4242"
@@ -187,7 +188,7 @@ def cluster():
     try:
         cluster = start_cluster(nodes=2, timeout=90)
     except SlurmUnavailable as exc:
-        pytest.skip(f"no SLURM cluster on this machine: {exc}")
+        skip_or_fail(exc)
     yield cluster
     cluster.stop()
 

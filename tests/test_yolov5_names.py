@@ -166,6 +166,8 @@ def test_strip_optimizer_refuses_foreign_classes(tmp_path):
         strip_optimizer(tmp_path / "missing.pt")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_model_info_takes_verbose_second_as_yolov5(model, caplog):
     """utils/torch_utils.py: ``model_info(model, verbose=False, imgsz=640)``; a True second argument is verbose."""
     import logging
@@ -221,6 +223,8 @@ def test_small_helpers_take_yolov5s_call_forms(tmp_path):
     assert float(focal(torch.zeros(4), torch.ones(4))) > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_set_logging_by_name_configures_the_host_logger():
     """utils/general.py v6.1+: ``set_logging(name, verbose)`` sets up the named logger the script uses."""
     import subprocess

@@ -173,7 +173,7 @@ def check_dataset(data: str | Path | dict[str, Any], autodownload: bool = True) 
 
     # Every process enters the section, so the sections pair up across ranks even when
     # only some of them see the data missing; the node's first process fetches.
-    with torch_distributed_zero_first(dist_info().local_rank):
+    with torch_distributed_zero_first(dist_info().local_rank, key=f"dataset:{root}"):
         missing = _missing(content)
         if missing and content.get("download") and autodownload:
             listed = ", ".join(path for _, path in missing)

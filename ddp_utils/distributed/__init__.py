@@ -12,8 +12,9 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
   :func:`ddp_process_group`, the group DDP can use under it.
 - ``group.py``: :func:`init_distributed` (the one place a process is bound to its device;
   the device decides the backend), :func:`cleanup`, :func:`barrier`, and the rank queries.
-- ``collectives.py``: :func:`reduce_tensor`, :func:`reduce_dict`, :func:`any_rank`,
-  :func:`broadcast_object`, :func:`all_gather_object`, :func:`rank_zero_only`.
+- ``collectives.py``: :func:`all_reduce` (in place), :func:`reduce_tensor`, :func:`reduce_dict`, :func:`any_rank`,
+  :func:`broadcast_object`, :func:`all_gather_object`, each over any ``group``, the tensor ones
+  with ``async_op`` (a :class:`Pending` read later); :func:`rank_zero_only`.
 - ``zero_first.py``: :func:`torch_distributed_zero_first` and its job-wide variant, over the
   group's store with a heartbeat instead of barriers.
 - ``errors.py``: :func:`exit_usage_error` (a user's mistake: one line per node, named in
@@ -26,7 +27,9 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
 from __future__ import annotations
 
 from .collectives import (
+    Pending,
     all_gather_object,
+    all_reduce,
     any_rank,
     broadcast_object,
     rank_zero_only,
@@ -68,8 +71,10 @@ __all__ = [
     "DistEnvError",
     "DistInfo",
     "GroupBatchNorm",
+    "Pending",
     "RankFailedError",
     "all_gather_object",
+    "all_reduce",
     "any_rank",
     "barrier",
     "broadcast_object",

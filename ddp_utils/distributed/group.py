@@ -230,17 +230,32 @@ def cleanup(wait: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def barrier() -> None:
-    """Wait for every rank; a no-op without a process group."""
-    if is_dist_initialized():
-        if dist.get_backend() == "nccl":
-            dist.barrier(device_ids=[torch.cuda.current_device()])
-        else:
-            dist.barrier()
+def barrier(group: Any = None, async_op: bool = False) -> Any:
+    """Wait for every rank of ``group`` (None: the default group); a no-op without a process group.
+
+    Args:
+        group: the process group; None for the default one.
+        async_op: return at once with torch's work handle (``wait()`` blocks until every rank arrived);
+            None when there is no group.
+
+    Examples:
+        >>> barrier() is None, barrier(async_op=True) is None  # single process
+        (True, True)
+    """
+    if not is_dist_initialized():
+        return None
+    if dist.get_backend(group) == "nccl":
+        return dist.barrier(group, async_op=async_op, device_ids=[torch.cuda.current_device()])
+    return dist.barrier(group, async_op=async_op)
 
 
-def collective_device() -> torch.device:
-    """Where tensors for this group's collectives live: the bound GPU under NCCL, else the CPU."""
-    if is_dist_initialized() and dist.get_backend() == "nccl":
+def collective_device(group: Any = None) -> torch.device:
+    """Where tensors for ``group``'s collectives live (None: the default group): the bound GPU under NCCL, else the CPU.
+
+    Examples:
+        >>> collective_device()  # no group
+        device(type='cpu')
+    """
+    if is_dist_initialized() and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

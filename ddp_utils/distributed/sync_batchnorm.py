@@ -4,7 +4,9 @@ On CUDA under NCCL, :func:`convert_sync_batchnorm` gives torch's :class:`torch.n
 Elsewhere (the CPU under gloo, or a GPU under gloo) it gives :class:`GroupBatchNorm`: each
 rank sums its per-channel values, squares and count, one autograd-aware all-reduce
 (``torch.distributed.nn.functional.all_reduce``) adds them over the group, and every rank
-normalises with the statistics of the whole global batch. Because the all-reduce is part of
+normalises with the statistics of the whole global batch; nothing is read back to the host (on
+a GPU the step never waits here, where torch's SyncBatchNorm masks its gathered counts, a host
+wait in every layer's forward). Because the all-reduce is part of
 the graph, the backward pass carries the gradients of the shared mean and variance back to
 every rank, so N ranks x B images compute what one process computes with N x B images.
 
@@ -37,6 +39,10 @@ class GroupBatchNorm(_BatchNorm):
     statistics follow BatchNorm's rule (``momentum``, or the cumulative mean when it is None,
     with the unbiased variance) from the group's statistics, so they stay the same on every
     rank. In eval mode, without a group, or in a group of one, it is the plain BatchNorm.
+
+    No value goes back to the host (a GPU never waits for it): the group's count is not checked as
+    BatchNorm checks its own; a group batch of at most one value per channel (only possible when some
+    ranks have empty batches) normalises with variance 0 and leaves the running statistics unchanged.
 
     Args:
         num_features: channels.
@@ -96,10 +102,11 @@ class GroupBatchNorm(_BatchNorm):
             warnings.filterwarnings("ignore", "torch.distributed.nn.functional.all_reduce", FutureWarning)
             stats = all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
         total, squares, count = stats[:channels], stats[channels : 2 * channels], stats[-1]
-        if count.item() <= 1:  # BatchNorm's own check (on a GPU under gloo, a CPU-GPU sync point)
-            raise ValueError(f"expected more than 1 value per channel when training, got {int(count.item())}")
-        mean = total / count
-        var = (squares / count - mean * mean).clamp(min=0)  # biased, as BatchNorm normalises with
+        # the group's count stays on the device: reading it to check BatchNorm's "more than 1 value"
+        # would make the host wait for the GPU at every layer. Every rank knows its own count, and with
+        # two ranks or more a group batch of one value per channel needs an empty batch on some rank.
+        mean = total / count.clamp(min=1)
+        var = (squares / count.clamp(min=1) - mean * mean).clamp(min=0)  # biased, as BatchNorm normalises with
         if self.track_running_stats:
             self._update_running_stats(mean.detach(), var.detach(), count.detach())
         shape = [1, channels] + [1] * (x.dim() - 2)
@@ -111,11 +118,21 @@ class GroupBatchNorm(_BatchNorm):
 
     @torch.no_grad()
     def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor) -> None:
+        """BatchNorm's rule, with no value read back to the host (the cumulative factor stays a tensor).
+
+        A group batch of at most one value per channel (possible only with empty batches on some ranks)
+        leaves the running statistics as they were: BatchNorm would raise, which needs the count on the host.
+        """
         self.num_batches_tracked.add_(1)
-        factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-        unbiased = var * count / (count - 1)
-        self.running_mean.mul_(1 - factor).add_(mean.to(self.running_mean.dtype), alpha=factor)
-        self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype), alpha=factor)
+        if self.momentum is None:  # the cumulative mean: 1 / batches so far, computed on the device
+            factor: torch.Tensor | float = 1.0 / self.num_batches_tracked.to(torch.float64)
+        else:
+            factor = self.momentum
+        unbiased = var * count / (count - 1).clamp(min=1)
+        valid = count > 1
+        for buffer, value in ((self.running_mean, mean), (self.running_var, unbiased)):
+            updated = buffer * (1 - factor) + value * factor
+            buffer.copy_(torch.where(valid, updated, buffer))
 
 
 def _spatial_dims(bn: _BatchNorm) -> int:

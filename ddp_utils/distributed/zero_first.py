@@ -4,13 +4,19 @@ The leader (a node's local rank 0, or global rank 0) runs the body while the oth
 poll a key in the group's c10d store instead of sitting in a barrier: a long body trips
 no collective timeout, the leader's error reaches every follower within a second, and a
 leader killed outright is noticed when its heartbeat stops.
+
+A section is named by what it guards (``key=``: a dataset directory, a cache file), else by the
+line of code that opens it, and by how many times this process opened a section of that name:
+never by a process-wide count, which drifts as soon as one rank opens a section the others do not,
+leaving them waiting on a key nobody writes. Every wait is bounded (:data:`SECTION_TIMEOUT_S` by
+default), so a drift that remains fails, naming the section, instead of hanging.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
+import sys
 import threading
 import time
 import traceback
@@ -26,7 +32,29 @@ class RankFailedError(RuntimeError):
     """Another rank failed inside a section this rank was waiting on."""
 
 
-_section_counter = itertools.count()
+SECTION_TIMEOUT_S = 3 * 3600.0  # the longest a follower waits by default: a full COCO download on a slow link
+_openings: dict[tuple[str, str], int] = {}  # (scope, key): sections of that name this process has opened
+
+
+def _caller_key(depth: int) -> str:
+    """``module:line`` of the code ``depth`` frames up: the same on every rank (not a file path, which
+    may differ between nodes' installs)."""
+    frame = sys._getframe(depth + 1)
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno}"
+
+
+def _section_name(scope: str, key: str) -> str:
+    """The store key of this process's next section named ``key`` in ``scope``; a section opened again
+    (the same cache in another loader, a loop) gets the next number, on every rank alike."""
+    n = _openings.get((scope, key), 0)
+    _openings[(scope, key)] = n + 1
+    return f"{scope}/{key}/{n}"
+
+
+def _check_timeout(timeout: float | None) -> float:
+    if timeout is None or not timeout > 0:
+        raise ValueError(f"timeout={timeout!r}: give the seconds a follower may wait (> 0); no wait is unbounded")
+    return float(timeout)
 
 
 def _default_store() -> Any | None:
@@ -69,7 +97,7 @@ def _heartbeat(store: Any, key: str) -> Iterator[None]:
         thread.join()
 
 
-def _wait_for_key(store: Any, key: str, leader: int, deadline: float | None, log_every: float) -> None:
+def _wait_for_key(store: Any, key: str, leader: int, deadline: float, log_every: float) -> None:
     """Poll for ``key``; fail when the deadline passes or the leader's heartbeat stops.
 
     A leader that raises publishes its error, but one killed outright (SIGKILL, the OOM
@@ -102,10 +130,10 @@ def _wait_for_key(store: Any, key: str, leader: int, deadline: float | None, log
                 f"(no heartbeat for {now - beat_seen_at:.0f} s): it was probably killed (OOM killer?); "
                 "see its log"
             )
-        if deadline is not None and now > deadline:
+        if now > deadline:
             raise RankFailedError(
                 f"rank {get_rank()}: gave up after {now - start:.0f} s waiting for rank {leader} "
-                "to finish its first-process section"
+                f"to finish its first-process section {key!r} (did it open the section under another name?)"
             )
         if now >= next_log:
             LOGGER.warning(f"rank {get_rank()}: still waiting for rank {leader} ({now - start:.0f} s)")
@@ -125,7 +153,7 @@ def _await_acks(store: Any, key: str, expected: int, seconds: float) -> None:
 
 @contextlib.contextmanager
 def _leader_first(
-    is_leader: bool, leader_rank: int, followers: int, scope: str, timeout: float | None
+    is_leader: bool, leader_rank: int, followers: int, scope: str, key: str, timeout: float
 ) -> Iterator[None]:
     if not is_dist_initialized():
         yield
@@ -139,9 +167,8 @@ def _leader_first(
             barrier()
         return
     info = dist_info()
-    # Every process enters its sections in the same order, so a counter names them alike
-    # on every rank; the restart count keeps an elastic restart from reading old keys.
-    key = f"ddp_utils/first/{info.restart_count}/{scope}/{next(_section_counter)}"
+    # named by what it guards, on every rank alike; the restart count keeps an elastic restart from reading old keys
+    key = f"ddp_utils/first/{info.restart_count}/{_section_name(scope, key)}"
     if is_leader:
         try:
             with _heartbeat(store, f"{key}/beat"):
@@ -153,7 +180,7 @@ def _leader_first(
             raise
         store.set(key, "ok")
         return
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = time.monotonic() + timeout
     _wait_for_key(store, key, leader_rank, deadline, log_every=60.0)
     status = store.get(key).decode()
     if status.startswith("error:"):
@@ -166,8 +193,9 @@ def _leader_first(
     yield
 
 
-@contextlib.contextmanager
-def torch_distributed_zero_first(local_rank: int, timeout: float | None = None) -> Iterator[None]:
+def torch_distributed_zero_first(
+    local_rank: int, timeout: float = SECTION_TIMEOUT_S, key: str | None = None
+) -> contextlib.AbstractContextManager[None]:
     """Let the first process of each node run the body first; the node's others wait.
 
     Use it around work each node needs once before its processes can share it: a
@@ -177,37 +205,56 @@ def torch_distributed_zero_first(local_rank: int, timeout: float | None = None) 
     others raise :class:`RankFailedError` within a second, naming its rank and error.
 
     Args:
-        local_rank: this process's rank within its node (-1 for a single process).
-        timeout: seconds the others wait before giving up; None waits as long as it
-            takes, logging "still waiting" every minute.
+        local_rank: this process's rank within its node (-1 for a single process). YOLOv5's call,
+            ``torch_distributed_zero_first(local_rank)``, is all it needs.
+        timeout: seconds the others wait before they give up with :class:`RankFailedError`
+            (logging "still waiting" every minute); every wait is bounded.
+        key: what the section guards (a dataset directory, a cache file), the same on every rank of
+            the node; default: the module and line that open the section.
+
+    Raises:
+        ValueError: a timeout that is None or not positive.
 
     Examples:
         >>> with torch_distributed_zero_first(-1):  # single process: just runs
         ...     pass
+        >>> with torch_distributed_zero_first(-1, key="datasets/coco128"):
+        ...     pass
     """
+    return _zero_first(local_rank, _check_timeout(timeout), key if key is not None else _caller_key(1))
+
+
+@contextlib.contextmanager
+def _zero_first(local_rank: int, timeout: float, key: str) -> Iterator[None]:
     if not is_dist_initialized() or local_rank == -1:
         yield
         return
     info = dist_info()
     leader = info.rank - info.local_rank  # global rank of this node's local rank 0
     followers = info.local_world_size - 1
-    with _leader_first(local_rank == 0, leader, followers, f"node{info.node_rank}", timeout):
+    with _leader_first(local_rank == 0, leader, followers, f"node{info.node_rank}", key, timeout):
         yield
 
 
-@contextlib.contextmanager
-def torch_distributed_rank_zero_first(timeout: float | None = None) -> Iterator[None]:
+def torch_distributed_rank_zero_first(
+    timeout: float = SECTION_TIMEOUT_S, key: str | None = None
+) -> contextlib.AbstractContextManager[None]:
     """Let global rank 0 run the body first, then every other rank of the job.
 
     The job-wide variant of :func:`torch_distributed_zero_first`, for work whose result
-    lands on a file system all nodes share.
+    lands on a file system all nodes share; ``timeout`` and ``key`` as there.
 
     Examples:
         >>> with torch_distributed_rank_zero_first():
         ...     pass
     """
+    return _rank_zero_first(_check_timeout(timeout), key if key is not None else _caller_key(1))
+
+
+@contextlib.contextmanager
+def _rank_zero_first(timeout: float, key: str) -> Iterator[None]:
     if not is_dist_initialized():
         yield
         return
-    with _leader_first(get_rank() == 0, 0, get_world_size() - 1, "job", timeout):
+    with _leader_first(get_rank() == 0, 0, get_world_size() - 1, "job", key, timeout):
         yield

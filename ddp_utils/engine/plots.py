@@ -1,7 +1,7 @@
 """The run's pictures: results.png, labels.jpg and train_batch*.jpg.
 
-Each function draws on the main process only and returns the written path (None on the
-other ranks), so train.py can call them on every rank. matplotlib is imported when a
+Each function draws and returns the written path, on whichever process calls it: the caller
+decides who draws (train.py: the main process), as with YOLOv5's. matplotlib is imported when a
 plot is made, and drawn through its Agg canvas directly: the library never changes the
 user's pyplot backend.
 """
@@ -18,8 +18,6 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
-
-from ..distributed import is_main_process
 
 _RESULT_PANELS = (
     ("train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall"),
@@ -48,7 +46,7 @@ def _figure(rows: int, cols: int, size: tuple[float, float]) -> tuple[Any, Any]:
     return fig, fig.subplots(rows, cols)
 
 
-def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | None:
+def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path:
     """Plot every loss and metric of results.csv against the epoch, to ``results.png`` beside it.
 
     Args:
@@ -56,10 +54,8 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
         out: the image to write; ``csv_path``'s directory / results.png when None.
 
     Returns:
-        The image path (None on ranks other than 0).
+        The image path.
     """
-    if not is_main_process():
-        return None
     csv_path = Path(csv_path)
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = [[cell.strip() for cell in row] for row in csv.reader(f) if row]
@@ -89,7 +85,7 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path | 
 
 def plot_labels(
     labels: Sequence[np.ndarray] | np.ndarray, names: Mapping[int, str] | Sequence[str] | None, save_dir: str | Path
-) -> Path | None:
+) -> Path:
     """Draw the label distribution to ``save_dir/labels.jpg``.
 
     Four panels: instances per class, every box drawn at the image centre (shapes at a glance),
@@ -101,10 +97,8 @@ def plot_labels(
         save_dir: the run directory.
 
     Returns:
-        The image path (None on ranks other than 0).
+        The image path.
     """
-    if not is_main_process():
-        return None
     arrays = [np.asarray(x, dtype=np.float32).reshape(-1, 5) for x in ([labels] if _is_array(labels) else labels)]
     boxes = np.concatenate(arrays, 0) if arrays else np.zeros((0, 5), np.float32)
     names = dict(enumerate(names)) if isinstance(names, Sequence) and not isinstance(names, str) else (names or {})
@@ -158,7 +152,7 @@ def plot_images(
     names: Mapping[int, str] | Sequence[str] | None = None,
     max_images: int = 16,
     max_size: int = 1920,
-) -> Path | None:
+) -> Path:
     """Tile a batch into one image with its boxes and class names drawn (``train_batch0.jpg``).
 
     Args:
@@ -172,10 +166,8 @@ def plot_images(
         max_size: the longest side of the mosaic; larger mosaics are scaled down.
 
     Returns:
-        The image path (None on ranks other than 0).
+        The image path.
     """
-    if not is_main_process():
-        return None
     images = _numpy(imgs)
     if images.ndim != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f"plot_images: imgs has shape {images.shape}, expected [B, 3, H, W]")

@@ -75,9 +75,10 @@ def first_batches_plotter(
 
 
 def finish_run(save_dir: str | Path, metrics: Mapping[str, float], epochs_done: int, plots: bool = True) -> None:
-    """A finished run's last words: best.pt stripped of its optimizer, results.png drawn, the final line.
+    """A finished run's last words: best.pt stripped of its optimizer, results.png drawn (``plots``), the final line.
 
-    Call it on the main process, after the last epoch (not after a preemption: that run goes on).
+    It writes wherever it is called: the caller calls it on one process (train.py: the main one), after
+    the last epoch (not after a preemption: that run goes on).
     """
     save_dir = Path(save_dir)
     best = save_dir / "weights" / "best.pt"

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..distributed import any_rank, dist_info, is_dist_initialized, slurm_job_id
+from ..distributed import all_reduce, any_rank, dist_info, is_dist_initialized, slurm_job_id
 from ..log import LOGGER
 
 
@@ -176,8 +176,7 @@ class PreemptionHandler:
         earlier = self._settle()
         host = np.array([1.0 if self.requested() else 0.0, 1.0 if save_due else 0.0], dtype=np.float32)
         flags = torch.from_numpy(host)  # shares host's memory: the result is read without a tensor op
-        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._host_group(), async_op=True)
-        self._pending = (work, host)
+        self._pending = (all_reduce(flags, op="max", group=self._host_group(), async_op=True), host)
         return earlier
 
     def _host_group(self) -> Any:
@@ -191,9 +190,9 @@ class PreemptionHandler:
         """Finish the all-reduce that :meth:`poll` started, if any, and return its answer."""
         if self._pending is None:
             return Polled()
-        work, host = self._pending
+        pending, host = self._pending
         self._pending = None
-        work.wait()  # a host-side gloo reduction that had a whole step to finish; no GPU involved
+        pending.wait()  # a host-side gloo reduction that had a whole step to finish; no GPU involved
         return Polled(bool(host[0] > 0), bool(host[1] > 0))
 
 

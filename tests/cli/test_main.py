@@ -23,6 +23,7 @@ def run(*args: str, script: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_help_lists_every_command():
     done = run("--help")
     assert done.returncode == 0, done.stderr
@@ -30,6 +31,7 @@ def test_help_lists_every_command():
     assert listed == ["val", "convert", "profile"] == list(COMMANDS)
 
 
+@pytest.mark.slow
 def test_no_command_and_an_unknown_one_are_one_line_and_exit_2():
     done = run()
     assert done.returncode == 2 and done.stderr.startswith("usage: python -m ddp_utils <command>")
@@ -40,6 +42,7 @@ def test_no_command_and_an_unknown_one_are_one_line_and_exit_2():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_each_command_answers_help_under_its_form(command):
     done = run(command, "--help")
@@ -50,6 +53,7 @@ def test_each_command_answers_help_under_its_form(command):
     assert scripted.stdout.startswith(f"usage: ddp-{command} ")
 
 
+@pytest.mark.slow
 def test_convert_refuses_a_missing_file_in_one_line(tmp_path):
     missing = tmp_path / "nope.pt"
     for done in (run("convert", str(missing)), run(str(missing), script="ddp-convert")):
@@ -57,6 +61,7 @@ def test_convert_refuses_a_missing_file_in_one_line(tmp_path):
         assert str(missing) in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "args"),
     [("val", ["--weights", "missing.pt"]), ("convert", ["missing.pt"]), ("profile", ["--cfg", "missing.yaml"])],
@@ -70,6 +75,7 @@ def test_an_error_names_the_command_as_it_was_typed(command, args):
         assert len(errors) == 1 and errors[0].startswith(f"{form}: error: "), done.stderr
 
 
+@pytest.mark.slow
 def test_profile_runs_a_model_on_the_cpu():
     done = run("profile", "--cfg", "yolov5n.yaml", "--imgsz", "64", "--device", "cpu", "--repeats", "1")
     assert done.returncode == 0, done.stderr

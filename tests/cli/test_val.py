@@ -155,6 +155,8 @@ def test_torchrun_two_processes_gather_the_same_predictions_on_rank_0(single, se
     assert not (setup["root"] / "runs" / "ddp2").exists()  # one directory, written by rank 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_yolov5_checkpoint_is_scored_with_its_class_names(setup: dict[str, Path], tmp_path: Path) -> None:
     cfg = {**yaml.safe_load((REPO_ROOT / "configs" / "models" / "yolov5n.yaml").read_text()), "nc": len(NAMES)}
     weights = save_yolov5(v5.yolov5_checkpoint(v5.build(cfg)), tmp_path / "yolov5n.pt")
@@ -163,6 +165,8 @@ def test_yolov5_checkpoint_is_scored_with_its_class_names(setup: dict[str, Path]
     assert {"class0", "class1"} <= set(table_rows(result.stdout))  # the checkpoint's names, as YOLOv5's val
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_one_class_prints_the_class_row_only_with_verbose(setup: dict[str, Path], tmp_path: Path) -> None:
     weights = tmp_path / "one.pt"
     save_checkpoint(build_checkpoint(Model("yolov5n.yaml", nc=1)), weights)
@@ -175,6 +179,8 @@ def test_one_class_prints_the_class_row_only_with_verbose(setup: dict[str, Path]
         sum(len(c) for c in val_labels(setup["root"]).values()))]  # fmt: skip
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("change", "message"),
     [

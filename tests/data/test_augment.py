@@ -85,6 +85,11 @@ def test_random_perspective_same_rng_same_result():
     b = random_perspective(img, labels, np.random.default_rng(5), degrees=20, scale=0.5)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
+    # and it did something: an identity warp (or one that ignores the generator) would pass the lines above
+    assert a[0].shape == img.shape and not np.array_equal(a[0], img)
+    assert len(a[1]) == 1 and not np.allclose(a[1][0, 1:5], labels[0, 1:5], atol=0.5)
+    c = random_perspective(img, labels, np.random.default_rng(6), degrees=20, scale=0.5)
+    assert not np.array_equal(c[0], a[0])
 
 
 def mosaic_inputs(s: int, rng: np.random.Generator):

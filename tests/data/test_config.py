@@ -408,6 +408,7 @@ def _generator_yaml(tmp_path: Path, fail: bool) -> Path:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_download_runs_once_per_node(tmp_path: Path) -> None:
@@ -425,6 +426,7 @@ def test_download_runs_once_per_node(tmp_path: Path) -> None:
     assert len((tmp_path / "calls.txt").read_text().splitlines()) == 1, "the generator ran more than once"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_failed_download_fails_every_rank_promptly(tmp_path: Path) -> None:

@@ -141,6 +141,8 @@ def test_shared_cache_refuses_when_memory_is_short(tmp_path, monkeypatch, ddp_lo
     assert "not caching images in RAM" in ddp_log.text
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_shared_cache_file_removed_at_exit(tmp_path):
     files = write_images(tmp_path, [(50, 50)])
     code = (
@@ -164,6 +166,7 @@ class _CacheReader(torch.utils.data.Dataset):
         return int(self.cache[i].sum(dtype=np.int64))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_shared_cache_in_spawned_workers(tmp_path):
     files = write_images(tmp_path, [(40, 60), (60, 40), (50, 50)])
@@ -200,6 +203,7 @@ def test_disk_cache_repairs_a_truncated_file(tmp_path):
     np.testing.assert_array_equal(cache[0], load_image(files[0], 32)[0])
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_ram_cache_one_copy_per_node(tmp_path):
@@ -228,6 +232,8 @@ def test_ram_cache_one_copy_per_node(tmp_path):
     assert not list(Path(recs[0]["path"]).parent.glob(f"{stem}.*"))  # one file, removed when its builder left
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_ram_cache_builder_keeps_no_decode_buffers(tmp_path):
     """The builder decoding with 16 threads, as on a 16-core host, keeps no private copy.
 

@@ -397,6 +397,7 @@ def test_coordinates_within_the_tolerance_are_clipped(tmp_path: Path) -> None:
     assert any("nan.txt" in m and "non-finite" in m for m in result.messages)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_first_process_of_the_node_builds_the_cache_the_others_read_it(dataset: dict[str, Path]) -> None:

@@ -141,6 +141,7 @@ def test_samplers_shard_disjoint_and_cover(n):
     assert sorted(indices) == list(range(n))  # exactly once
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_two_processes_shards_epochs_and_label_cache(tmp_path):
@@ -185,6 +186,8 @@ class _BatchChurn(torch.utils.data.Dataset):
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     from ddp_utils.data.workers import init_worker
@@ -202,6 +205,8 @@ def test_workers_reuse_freed_memory_instead_of_faulting_it_in_again():
     assert faults(None) > 0.5 * pages  # what the default malloc does, so the check above means something
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_exit_with_a_loader_half_way_is_quiet(root):
     code = (
         "from ddp_utils.data.loader import create_dataloader\n"

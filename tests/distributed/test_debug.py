@@ -16,6 +16,7 @@ from ddp_utils.distributed.debug import trace_buffer_variable
 from ..multiproc import REPO_ROOT, describe, launch, records
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_mismatched_ops_name_the_ranks_and_the_ops(tmp_path):
@@ -29,6 +30,7 @@ def test_mismatched_ops_name_the_ranks_and_the_ops(tmp_path):
         assert f"Rank {1 - rank} is running collective" in message and f"OpType={theirs}" in message, message
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_mismatched_shapes_name_the_ranks_and_the_shapes(tmp_path):
@@ -44,6 +46,7 @@ def test_mismatched_shapes_name_the_ranks_and_the_shapes(tmp_path):
         assert record["env"]["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_ddp_trains_on_its_own_group_while_the_default_group_stays_checked(tmp_path):

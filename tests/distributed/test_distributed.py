@@ -145,6 +145,8 @@ def test_only_distributed_reads_launcher_variables():
     assert readers == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_import_reads_no_launcher_variable():
     # a malformed RANK fails dist_info() when called; importing must not call it
     code = "import ddp_utils, ddp_utils.data, ddp_utils.engine, ddp_utils.yolo, ddp_utils.profiling; print('ok')"
@@ -280,6 +282,7 @@ def test_reduce_tensor_rejects_unknown_op():
 # --- real process groups ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -293,6 +296,7 @@ def test_zero_first_order(tmp_path, nprocs):
     assert all(r["found"] == str(leader["rank"]) for r in others)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_zero_first_runs_once_per_node(tmp_path):
@@ -304,6 +308,7 @@ def test_zero_first_runs_once_per_node(tmp_path):
     assert recs[1]["found"] == "0" and recs[3]["found"] == "2"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_rank_zero_first_is_job_wide(tmp_path):
@@ -316,6 +321,55 @@ def test_rank_zero_first_is_job_wide(tmp_path):
     assert all(r["found"] == "0" for r in recs[1:])
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_collectives_over_a_subgroup_blocking_and_async():
+    workers = launch("tests.workers.distributed_scenarios:group_collectives", 3, timeout=90)
+    assert_all_ok(workers)
+    r0, r1, r2 = records(workers)
+    for r in (r0, r2):
+        assert r["mean"] == [2.0, 20.0] and r["sum_async"] == [4.0, 40.0]  # ranks 0 and 2 only: 1 + 3
+        assert r["dict"] == {"a": 2.0} and r["any"] == [True, False] and r["any_async"] is True
+        assert r["broadcast"] == "from 2" and r["gathered"] == [0, 20]
+        assert r["host_flags"] == [1.0, 2.0]
+    assert r2["max_to_2"] == [3.0, 30.0] and r0["max_to_2"] == [1.0, 10.0]  # rank 0 keeps its own value
+    assert len(r1["errors"]) == 3 and all("rank 1 is not in the group" in e for e in r1["errors"]), r1
+    assert r0["world_sum"] == r1["world_sum"] == r2["world_sum"] == [3.0]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_zero_first_sections_are_named_by_what_they_guard(tmp_path):
+    workers = launch("tests.workers.distributed_scenarios:zero_first_keys", 3, timeout=90, args=(tmp_path,))
+    assert_all_ok(workers)
+    recs = records(workers)
+    assert [r["leader"] for r in recs] == [True, False, False]
+    # the leader's extra section shifted nothing: each follower found the leader's file in each section
+    assert all(r["found"] == [True] * 4 for r in recs[1:]), recs
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_zero_first_wait_is_bounded_and_names_the_section():
+    workers = launch("tests.workers.distributed_scenarios:zero_first_other_key", 2, timeout=90, args=("2",))
+    assert_all_ok(workers)
+    leader, follower = records(workers)
+    assert leader["error"] is None
+    assert "first-process section 'ddp_utils/first/0/node0/b/0'" in follower["error"], follower
+    assert 2 <= follower["seconds"] < 10, follower
+
+
+def test_zero_first_refuses_an_unbounded_wait():
+    with pytest.raises(ValueError, match="timeout=None: give the seconds a follower may wait"):
+        du.torch_distributed_zero_first(0, timeout=None)
+    with pytest.raises(ValueError, match="timeout=0: give the seconds a follower may wait"):
+        du.torch_distributed_rank_zero_first(timeout=0)
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("nprocs", "scope"), [(2, "node"), (3, "node"), (3, "job")])
@@ -332,6 +386,7 @@ def test_zero_first_error_reaches_every_rank_promptly(nprocs, scope):
     assert max(w.seconds for w in workers) - workers[0].seconds < 10, describe(workers)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_long_first_process_body_does_not_trip_collective_timeout():
@@ -362,12 +417,14 @@ def _check_collectives(workers, world):
             assert r["sum_to_1"] == r["local_unchanged"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_env_init():
     _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 2, timeout=90), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_tcp_init():
@@ -375,6 +432,7 @@ def test_collectives_tcp_init():
     _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 2, timeout=90, args=(url,)), 2)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_collectives_file_init(tmp_path):
@@ -382,6 +440,7 @@ def test_collectives_file_init(tmp_path):
     _check_collectives(launch("tests.workers.distributed_scenarios:collectives", 3, timeout=90, args=(url,)), 3)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_torchrun_runs_the_helpers_demo():
@@ -416,6 +475,7 @@ def test_torchrun_runs_the_helpers_demo():
         assert r["names"] == ["circle", "square"] and r["everyone"] == [0, 1] and r["elapsed_ok"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
 def test_elastic_restart_forms_a_fresh_group():
@@ -437,6 +497,7 @@ def test_elastic_restart_forms_a_fresh_group():
     assert recs == [{"rank": 0, "attempt": 1, "total": 2.0}, {"rank": 1, "attempt": 1, "total": 2.0}]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
@@ -452,6 +513,7 @@ def test_zero_first_leader_killed_outright_is_noticed_by_its_heartbeat():
     assert [records([w])[0]["error"] for w in workers[:2]] == [None, None]  # node 0 is unaffected
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_cpu_device_on_a_gpu_host_forms_a_gloo_group():

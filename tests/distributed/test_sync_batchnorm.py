@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ddp_utils.distributed import GroupBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
-from tests.multiproc import describe, launch
+from tests.multiproc import describe, launch, records
 from tests.workers.sync_bn_scenarios import GLOBAL_BATCH, batches, reference, small_net
 
 TOL = 1e-5
@@ -19,6 +19,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert diff <= TOL, f"{what}: differs by {diff:.2e} (relative to max |value|), more than {TOL}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("momentum", ["0.1", "none"])
 def test_two_ranks_equal_one_process(tmp_path, momentum):
@@ -83,3 +84,23 @@ def test_convert_and_revert_share_tensors_and_keep_the_kind():
     torch_synced = nn.Sequential(nn.SyncBatchNorm(3))
     assert type(revert_sync_batchnorm(torch_synced)[0]) is nn.BatchNorm2d
     assert type(convert_sync_batchnorm(nn.BatchNorm2d(3))) is GroupBatchNorm  # a layer itself, converted
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_group_batchnorm_never_waits_and_torchs_syncbatchnorm_waits_in_every_forward():
+    """What the README claims for --sync-bn on a GPU, counted on the CPU (tests/hostwait.py), 2 gloo ranks.
+
+    GroupBatchNorm (ours: gloo, any device): no host wait in two training steps, forward and backward,
+    with a momentum and with the cumulative mean (momentum None). torch's SyncBatchNorm (what --sync-bn
+    uses on CUDA under NCCL): its forward drops the ranks with empty batches by a boolean mask over the
+    gathered counts, means and inverse deviations, three host waits per BatchNorm layer per step.
+    """
+    workers = launch("tests.workers.sync_bn_scenarios:host_waits", 2, 150)
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    for record in records(workers):
+        assert record["group_waits_momentum_0.1"] == [] and record["group_waits_momentum_None"] == [], record
+        assert record["group_tracked_0.1"] == record["group_tracked_None"] == 2
+        assert record["torch_waits"] == ["index with a boolean mask"] * 3, record
+        assert record["torch_equals_ours"], record

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from ddp_utils.engine.memory_format import to_channels_last, use_channels_last
@@ -15,6 +16,8 @@ def test_policy_is_cuda_only():
     assert not use_channels_last("cpu") and not use_channels_last(torch.device("cpu"))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_channels_last_model_gives_the_nchw_outputs_and_gradients_on_cpu():
     torch.manual_seed(0)
     cfg, _ = load_model_yaml("yolov5n.yaml")

@@ -46,6 +46,53 @@ def zero_first_order(directory: str, scope: str = "node", delay: str = "1.0") ->
     du.cleanup()
 
 
+def zero_first_keys(directory: str) -> None:
+    """Sections named by what they guard survive a rank opening one the others do not.
+
+    Rank 0 alone first opens a section of its own (as code behind ``if rank == 0`` would; a process-wide
+    count then differs between ranks); then every rank opens a section keyed "cache" twice (two loaders
+    of one cache) and a default-keyed one twice in a loop. In each, the followers must find what the
+    leader wrote in that very section.
+    """
+    info = du.init_distributed(backend="gloo")
+    leader = info.local_rank == 0
+    if leader:
+        with du.torch_distributed_zero_first(info.local_rank, key="only on the leader"):
+            pass
+    found = []
+    for name in ("cache0", "cache1", "line0", "line1"):
+        marker = Path(directory) / f"{name}.txt"
+        section = (
+            du.torch_distributed_zero_first(info.local_rank, timeout=60, key="cache")
+            if name.startswith("cache")
+            else du.torch_distributed_zero_first(info.local_rank, timeout=60)
+        )
+        with section:
+            if leader:
+                time.sleep(0.5)  # the others must still be waiting when this ends
+                marker.write_text(name)
+            else:
+                found.append(marker.exists())
+    emit(json.dumps({"rank": info.rank, "leader": leader, "found": found}))
+    du.cleanup()
+
+
+def zero_first_other_key(timeout: str = "2") -> None:
+    """The leader opens a section under one name, the followers under another: they give up after ``timeout``."""
+    info = du.init_distributed(backend="gloo", timeout=600)
+    leader = info.local_rank == 0
+    start = time.monotonic()
+    try:
+        with du.torch_distributed_zero_first(info.local_rank, timeout=float(timeout), key="a" if leader else "b"):
+            pass
+        error = None
+    except du.distributed.RankFailedError as exc:
+        error = str(exc)
+    emit(json.dumps({"rank": info.rank, "error": error, "seconds": time.monotonic() - start}))
+    du.barrier()
+    du.cleanup()
+
+
 def zero_first_leader_raises(scope: str = "node") -> None:
     info = du.init_distributed(backend="gloo", timeout=600)
     section = (
@@ -124,6 +171,51 @@ def collectives(init_method: str = "env://") -> None:
 
     out["rank_zero_only"] = only_on_zero()
     emit(json.dumps({"rank": rank, **out}))
+    du.cleanup()
+
+
+def group_collectives() -> None:
+    """3 gloo ranks; every collective over the subgroup {0, 2} (rank 1 stays out), blocking and async."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from ddp_utils.distributed import all_reduce
+
+    info = du.init_distributed(backend="gloo")
+    rank = info.rank
+    sub = dist.new_group([0, 2], backend="gloo")  # every rank makes it; only its members use it
+    out: dict = {"rank": rank}
+    if rank in (0, 2):
+        local = torch.tensor([float(rank + 1), 10.0 * (rank + 1)])
+        started = du.reduce_tensor(local, "sum", group=sub, async_op=True)  # read after the others
+        out["mean"] = du.reduce_tensor(local, "mean", group=sub).tolist()
+        out["max_to_2"] = du.reduce_tensor(local, "max", dst=2, group=sub).tolist()
+        out["dict"] = {k: float(v) for k, v in du.reduce_dict({"a": float(rank)}, "sum", group=sub).items()}
+        out["any"] = [du.any_rank(rank == 2, group=sub), du.any_rank(False, group=sub)]
+        out["any_async"] = du.any_rank(rank == 0, group=sub, async_op=True).wait()
+        out["broadcast"] = du.broadcast_object(f"from {rank}", src=2, group=sub)
+        out["gathered"] = du.all_gather_object(rank * 10, group=sub)
+        host = np.array([float(rank == 2), float(rank)], dtype=np.float32)
+        pending = all_reduce(torch.from_numpy(host), op="max", group=sub, async_op=True)
+        pending.wait()
+        out["host_flags"] = host.tolist()  # read from the NumPy array the tensor shares
+        out["sum_async"] = started.wait().tolist()
+        du.barrier(group=sub)
+        du.barrier(group=sub, async_op=True).wait()
+    else:
+        errors = []
+        for call in (
+            lambda: du.reduce_tensor(torch.ones(1), group=sub),
+            lambda: du.any_rank(True, group=sub),
+            lambda: du.all_gather_object(1, group=sub),
+        ):
+            try:
+                call()
+            except ValueError as exc:
+                errors.append(str(exc))
+        out["errors"] = errors
+    out["world_sum"] = du.reduce_tensor(torch.tensor([1.0]), "sum").tolist()  # the default group after
+    emit(json.dumps(out))
     du.cleanup()
 
 

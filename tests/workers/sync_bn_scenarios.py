@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.modules._functions import SyncBatchNorm as TorchSyncBatchNormFunction
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddp_utils as du
 from ddp_utils.distributed import GroupBatchNorm, convert_sync_batchnorm
+
+from ..hostwait import HostWaitCounter
 
 GLOBAL_BATCH = 8
 
@@ -91,4 +97,65 @@ def reference(steps: int, momentum: float | None) -> dict:
     return record
 
 
-__all__ = ["GroupBatchNorm", "reference", "synced_steps"]
+class CpuSyncBatchNormKernels(TorchDispatchMode):
+    """CPU versions of the three CUDA-only kernels of torch's SyncBatchNorm forward, so that its autograd
+    function (``torch.nn.modules._functions.SyncBatchNorm``) runs on the CPU under gloo, Python and all,
+    and the host-wait counter sees what it does between them."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if name == "batch_norm_stats":
+            x, eps = args
+            dims = [0, *range(2, x.dim())]
+            return x.mean(dims), torch.rsqrt(x.var(dims, unbiased=False) + eps)
+        if name == "batch_norm_gather_stats_with_counts":
+            _x, means, invstds, running_mean, running_var, momentum, eps, counts = args
+            counts = counts.view(-1, 1).to(means.dtype)
+            n = counts.sum()
+            mean = (counts * means).sum(0) / n
+            var = (counts * (invstds.pow(-2) - eps + (means - mean) ** 2)).sum(0) / n  # biased
+            running_mean.mul_(1 - momentum).add_(mean, alpha=momentum)
+            running_var.mul_(1 - momentum).add_(var * n / (n - 1), alpha=momentum)
+            return mean, torch.rsqrt(var + eps)
+        if name == "batch_norm_elemt":
+            x, weight, bias, mean, invstd, _eps = args
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            return (x - mean.view(shape)) * invstd.view(shape) * weight.view(shape) + bias.view(shape)
+        return func(*args, **(kwargs or {}))
+
+
+def host_waits() -> None:
+    """Count host waits in a training forward and backward of GroupBatchNorm layers (2 ranks, gloo), and in
+    the forward of torch's SyncBatchNorm function over the same input, run on the CPU with the kernels above.
+
+    torch's function is called as ``nn.SyncBatchNorm.forward`` calls it on CUDA (the module itself refuses CPU
+    tensors); both layers' outputs are compared, so the CPU kernels are seen to compute torch's numbers.
+    """
+    torch.set_num_threads(1)
+    info = du.init_distributed(backend="gloo", timeout=60)
+    share = GLOBAL_BATCH // info.world_size
+    x = batches(1)[0][info.rank * share : (info.rank + 1) * share]
+    record: dict = {"rank": info.rank}
+    for momentum in (0.1, None):
+        model = convert_sync_batchnorm(small_net(momentum))
+        with HostWaitCounter() as counter:
+            for _ in range(2):
+                model(x.clone().requires_grad_(True)).sum().backward()
+        record[f"group_waits_momentum_{momentum}"] = [str(w) for w in counter.waits]
+        record[f"group_tracked_{momentum}"] = int(model[1].num_batches_tracked)
+    bn = GroupBatchNorm(3)
+    ours = bn(x)
+    plain = nn.BatchNorm2d(3)
+    with CpuSyncBatchNormKernels(), HostWaitCounter() as counter:
+        theirs = TorchSyncBatchNormFunction.apply(
+            x, plain.weight, plain.bias, plain.running_mean, plain.running_var, 1e-5, 0.1, dist.group.WORLD, 2
+        )
+    record["torch_waits"] = [w.op for w in counter.waits]
+    record["torch_equals_ours"] = torch.allclose(theirs, ours, atol=1e-5) and torch.allclose(
+        plain.running_var, bn.running_var, atol=1e-6
+    )
+    print(json.dumps(record))
+    du.cleanup()
+
+
+__all__ = ["CpuSyncBatchNormKernels", "GroupBatchNorm", "host_waits", "reference", "synced_steps"]

@@ -84,6 +84,7 @@ def test_empty_loader_and_no_detections():
     assert evaluate(silent, make_batches(images, 2))[0]["map"] == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_two_ranks_gather_the_single_process_metrics():
@@ -102,6 +103,8 @@ def test_two_ranks_gather_the_single_process_metrics():
         assert result["val_loss"] == pytest.approx(expected_loss.tolist(), rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_model_that_learned_one_batch_detects_it():
     """Decoding, NMS, box scaling and metrics agree with what the loss trains."""
     from tests.yolo.test_loss import HYP, rectangles_batch, tiny_model
