@@ -23,16 +23,6 @@ SLOW_MODULES = (
     "tests/test_train_usage.py",
     "tests/test_slurm.py",
 )
-# Slow tests (process groups of several processes, over 6 s on 2 shared cores) in modules whose tests are
-# marked here rather than in the file (the files of the resume path, kept as their owner wrote them).
-SLOW_TESTS = (
-    "tests/engine/test_checkpoint.py::test_target_survives_sigkill_during_saves",
-    "tests/engine/test_loop.py::test_no_sync_on_accumulation_steps_gives_the_synced_weights_on_gloo",
-    "tests/engine/test_signals.py::test_a_save_asked_for_by_rank_0s_clock_reaches_every_rank_at_the_same_step",
-    "tests/engine/test_signals.py::test_ddp_ranks_stop_together_and_only_rank0_saves",
-    "tests/engine/test_signals.py::test_poll_stops_every_rank_at_the_same_step_one_after_the_signal",
-    "tests/engine/test_signals.py::test_sigterm_sets_the_flag_and_the_process_exits_cleanly",
-)
 
 
 def pytest_addoption(parser):
@@ -47,9 +37,8 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module, _, name = item.nodeid.partition("::")
-        listed = module in SLOW_MODULES or f"{module}::{name.split('[')[0]}" in SLOW_TESTS
-        if listed and item.get_closest_marker("slow") is None:
+        module = item.nodeid.partition("::")[0]
+        if module in SLOW_MODULES and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
 
 

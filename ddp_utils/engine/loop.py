@@ -177,6 +177,7 @@ def train_one_epoch(
     save_due: Callable[[], bool] | None = None,
     on_save: Callable[[EpochStats], None] | None = None,
     progress: bool = False,
+    progress_seconds: float | None = None,
     on_batch: Callable[[int, torch.Tensor, torch.Tensor, Any], None] | None = None,
 ) -> EpochStats:
     """Train one epoch over ``loader`` (batches of ``(imgs, targets, paths, shapes)``), or what is left of it.
@@ -208,6 +209,7 @@ def train_one_epoch(
         on_save: called on every rank with the stats so far when a periodic save is agreed.
         progress: show the epoch's progress (the main process): a bar, plain lines or nothing, as
             :func:`ddp_utils.progress.progress_mode` says (``DDP_UTILS_PROGRESS``, else bar on a terminal).
+        progress_seconds: how often the progress refreshes (and reads the loss back); None: the mode's default.
         on_batch: called with ``(i, imgs, targets, paths)`` for each batch (``i`` its index in the epoch;
             the images as the loader gave them), e.g. to plot the first ones.
 
@@ -218,7 +220,7 @@ def train_one_epoch(
     step.model.train()
     mloss = torch.zeros(3, device=device) if loss is None else loss.detach().to(device, torch.float32).clone()
     stats = EpochStats(mloss, batch=start, start=start)
-    bar = _progress(nb, start, enabled=progress)
+    bar = _progress(nb, start, enabled=progress, interval=progress_seconds)
     timer = _Timer(device)
     step.optimizer.zero_grad()
     stop = save = False
@@ -255,12 +257,13 @@ def train_one_epoch(
     return stats
 
 
-def _progress(nb: int, start: int, enabled: bool) -> Any:
+def _progress(nb: int, start: int, enabled: bool, interval: float | None = None) -> Any:
     """The epoch's progress on the main process: a bar on a terminal, plain lines in a log, or None (off)."""
     mode = progress_mode() if enabled else "off"
     if mode == "off":
         return None
-    return progress(nb, mode=mode, initial=start, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
+    options = dict(initial=start, interval=interval, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
+    return progress(nb, mode=mode, **options)
 
 
 def _describe(

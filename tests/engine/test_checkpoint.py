@@ -191,6 +191,7 @@ def test_strip_optimizer_halves_and_drops_state(tmp_path):
     assert fresh[0].weight.dtype == torch.float32
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_target_survives_sigkill_during_saves(tmp_path):

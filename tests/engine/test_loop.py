@@ -161,6 +161,7 @@ def test_class_frequency_and_multi_scale_resize():
     assert all(h % 32 == 0 and w % 32 == 0 for h, w in sizes) and len(sizes) > 1
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(150)
 def test_no_sync_on_accumulation_steps_gives_the_synced_weights_on_gloo():

@@ -43,6 +43,7 @@ def test_sigint_sets_the_flag_then_a_second_one_interrupts():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)
 def test_sigterm_sets_the_flag_and_the_process_exits_cleanly():
@@ -61,6 +62,7 @@ def test_sigterm_sets_the_flag_and_the_process_exits_cleanly():
     assert "received SIGTERM" in worker.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_ddp_ranks_stop_together_and_only_rank0_saves(tmp_path):
@@ -88,6 +90,7 @@ def test_poll_without_a_process_group_is_the_local_flag():
         assert preempt.poll() and preempt.requested_anywhere()
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_poll_stops_every_rank_at_the_same_step_one_after_the_signal():
@@ -99,6 +102,7 @@ def test_poll_stops_every_rank_at_the_same_step_one_after_the_signal():
     assert rank0["anywhere"] is rank1["anywhere"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_a_save_asked_for_by_rank_0s_clock_reaches_every_rank_at_the_same_step():
