@@ -140,6 +140,10 @@ def user_errors():
     except USER_ERRORS as exc:
         du.LOGGER.debug("the user error's traceback", exc_info=True)
         usage_error(str(exc))
+    except du.RankFailedError as exc:  # the node's first process met the mistake (and said it): end alike
+        if not exc.leader_raised(*USER_ERRORS):
+            raise
+        usage_error(exc.leader_message)
 
 
 def main(opt: argparse.Namespace) -> None:

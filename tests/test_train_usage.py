@@ -22,13 +22,18 @@ from .test_train import describe, run, tiny_data_yaml, torchrun, train_args, tra
 def _errors_case(case: str, tmp_path: Path) -> tuple[list[str], str]:
     if case == "batch size not a multiple":
         return ["--batch-size", "3"], "--batch-size 3 does not divide by WORLD_SIZE=2"
+    if case == "dataset download fails":  # offline, say: the node's first process fetches, the other waits
+        url = f"http://127.0.0.1:{free_port()}/data.zip"  # nothing listens there
+        data = tmp_path / "far.yaml"
+        data.write_text(f"path: {tmp_path / 'far'}\ntrain: images\nval: images\nnames: {{0: a}}\ndownload: {url}\n")
+        return ["--data", str(data)], f"could not fetch the dataset: download {url}"
     missing = tmp_path / "missing.yaml"
     return ["--data", str(missing)], str(missing)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("case", ["batch size not a multiple", "missing data yaml"])
+@pytest.mark.parametrize("case", ["batch size not a multiple", "missing data yaml", "dataset download fails"])
 def test_user_error_under_torchrun_is_one_line_and_named_in_torchruns_report(case, tmp_path):
     args, named = _errors_case(case, tmp_path)
     project = tmp_path / "runs"

@@ -29,7 +29,38 @@ from .group import barrier, get_rank, get_world_size, is_dist_initialized
 
 
 class RankFailedError(RuntimeError):
-    """Another rank failed inside a section this rank was waiting on."""
+    """Another rank failed inside a section this rank was waiting on.
+
+    Args:
+        message: what happened, naming the rank.
+        leader_error: the leader's own error as a traceback's last line gives it (``"module.Type: message"``),
+            when it raised one (not when it died or went silent).
+
+    Examples:
+        >>> exc = RankFailedError("rank 0 failed", "FileNotFoundError: no x.yaml")
+        >>> exc.leader_raised(OSError), exc.leader_raised(ValueError), exc.leader_message
+        (True, False, 'no x.yaml')
+    """
+
+    def __init__(self, message: str, leader_error: str | None = None) -> None:
+        super().__init__(message)
+        self.leader_error = leader_error
+
+    @property
+    def leader_message(self) -> str:
+        """The leader's error message, without its type."""
+        return (self.leader_error or "").partition(":")[2].strip()
+
+    def leader_raised(self, *types: type[BaseException]) -> bool:
+        """Whether the leader's error was one of ``types`` (or a subclass): a follower may then end as it did.
+
+        Only classes of modules this process has imported are recognised; nothing is imported here.
+        """
+        if not self.leader_error:
+            return False
+        module, _, qualname = self.leader_error.partition(":")[0].strip().rpartition(".")
+        found = getattr(sys.modules.get(module or "builtins"), qualname, None)
+        return isinstance(found, type) and issubclass(found, types)
 
 
 SECTION_TIMEOUT_S = 3 * 3600.0  # the longest a follower waits by default: a full COCO download on a slow link
@@ -186,9 +217,10 @@ def _leader_first(
     if status.startswith("error:"):
         with contextlib.suppress(Exception):
             store.add(f"{key}/ack", 1)
+        leader_error = status[len("error:") :]
         raise RankFailedError(
-            f"rank {leader_rank} failed in its first-process section, so rank {get_rank()} stops too: "
-            f"{status[len('error:') :]}"
+            f"rank {leader_rank} failed in its first-process section, so rank {get_rank()} stops too: {leader_error}",
+            leader_error,
         )
     yield
 
