@@ -37,7 +37,7 @@ from ddp_utils.data import (
 from ddp_utils.engine.checkpoint import load_pretrained
 from ddp_utils.engine.optim_setup import optimizer_from_hyp
 from ddp_utils.engine.resume import TrainState, find_resume, gather_losses
-from ddp_utils.engine.run import Run, Training, check_options, make_run_dir, record_run, start_run
+from ddp_utils.engine.run import Run, Training, add_yolov5_options, check_options, make_run_dir, record_run, start_run
 from ddp_utils.engine.run_report import epoch_line, finish_run, first_batches_plotter
 from ddp_utils.engine.trackers import TRACKERS, Trackers
 from ddp_utils.progress import PROGRESS_MODES, set_progress_mode
@@ -112,16 +112,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--trackers", nargs="+", default=[], choices=TRACKERS, help="also log to MLflow and/or Weights & Biases")
     add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
-    # YOLOv5's options that do nothing here (or are refused): accepted so its commands run; check_options says which
-    add("--noautoanchor", action="store_true", help=argparse.SUPPRESS)
-    add("--evolve", type=int, nargs="?", const=300, help=argparse.SUPPRESS)
-    add("--bucket", default="", help=argparse.SUPPRESS)
-    add("--entity", default=None, help=argparse.SUPPRESS)
-    add("--upload_dataset", "--upload-dataset", nargs="?", const=True, default=False, help=argparse.SUPPRESS)
-    add("--bbox_interval", "--bbox-interval", type=int, default=-1, help=argparse.SUPPRESS)
-    add("--artifact_alias", "--artifact-alias", default="latest", help=argparse.SUPPRESS)
-    add("--ndjson-console", action="store_true", help=argparse.SUPPRESS)
-    add("--ndjson-file", action="store_true", help=argparse.SUPPRESS)
+    add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
     return parser.parse_args(argv)

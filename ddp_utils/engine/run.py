@@ -144,6 +144,23 @@ _YOLOV5_ONLY = (
 )
 
 
+def add_yolov5_options(parser: argparse.ArgumentParser) -> None:
+    """YOLOv5's train.py options that ddp_utils' does not use, accepted (unlisted in --help) so its commands run.
+
+    :func:`check_options` says in one line what each given one does here (nothing), or refuses it (``--evolve``).
+    """
+    add = parser.add_argument
+    add("--noautoanchor", action="store_true", help=argparse.SUPPRESS)
+    add("--evolve", type=int, nargs="?", const=300, help=argparse.SUPPRESS)
+    add("--bucket", default="", help=argparse.SUPPRESS)
+    add("--entity", default=None, help=argparse.SUPPRESS)
+    add("--upload_dataset", "--upload-dataset", nargs="?", const=True, default=False, help=argparse.SUPPRESS)
+    add("--bbox_interval", "--bbox-interval", type=int, default=-1, help=argparse.SUPPRESS)
+    add("--artifact_alias", "--artifact-alias", default="latest", help=argparse.SUPPRESS)
+    add("--ndjson-console", action="store_true", help=argparse.SUPPRESS)
+    add("--ndjson-file", action="store_true", help=argparse.SUPPRESS)
+
+
 def yolov5_option_notes(opt: argparse.Namespace) -> list[str]:
     """One line per YOLOv5 option given that does nothing here, so a YOLOv5 command runs and says so.
 
@@ -216,4 +233,13 @@ def record_run(run: Run, info: DistInfo) -> None:
         LOGGER.info(textwrap.fill(pairs, width=110, initial_indent="hyperparameters: ", subsequent_indent="  "))
 
 
-__all__ = ["Run", "Training", "check_options", "make_run_dir", "record_run", "start_run", "yolov5_option_notes"]
+__all__ = [
+    "Run",
+    "Training",
+    "add_yolov5_options",
+    "check_options",
+    "make_run_dir",
+    "record_run",
+    "start_run",
+    "yolov5_option_notes",
+]
