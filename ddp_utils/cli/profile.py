@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils pro
     try:
         run(opt)
     except (ValueError, DistEnvError, FileNotFoundError) as e:
-        print(f"ddp-profile: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)  # the command as invoked
         return 2
     finally:
         cleanup()
