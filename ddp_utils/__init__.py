@@ -1,7 +1,7 @@
 """ddp_utils: distributed-training helpers for object-detection projects."""
 
 from .data import check_dataset, create_dataloader, create_val_dataloader, load_hyp, make_shapes_dataset
-from .device import DeviceError, select_device, synchronize, time_sync, time_synchronized
+from .device import select_device, synchronize, time_sync, time_synchronized
 from .distributed import (
     DistEnvError,
     DistInfo,
@@ -37,7 +37,6 @@ __all__ = [
     "de_parallel",
     "any_rank",
     "ComputeLoss",
-    "DeviceError",
     "DistEnvError",
     "DistInfo",
     "FlopsReport",

@@ -15,21 +15,6 @@ from .log import LOGGER
 _summary_logged = False
 
 
-class DeviceError(ValueError, AssertionError):
-    """A device request that cannot be met: malformed, not there, or not matching the processes or batch.
-
-    YOLOv5's ``select_device`` fails with an ``AssertionError``, so a YOLOv5 user's ``except AssertionError``
-    catches this one; it is a ``ValueError`` too, as a bad value is (train.py's one-line user errors).
-
-    Examples:
-        >>> try:
-        ...     select_device("0,0")
-        ... except AssertionError as e:
-        ...     print(e)
-        device '0,0' names a GPU twice
-    """
-
-
 @dataclass(frozen=True)
 class DeviceRequest:
     """A parsed ``--device`` string: ``kind`` is "cpu", "mps" or "cuda"; ``indices`` the CUDA ids."""
@@ -66,10 +51,10 @@ def parse_device(device: str | int | torch.device | None) -> DeviceRequest:
     text = text.replace("cuda:", "")
     parts = [p for p in text.split(",") if p]
     if not parts or not all(p.isdigit() for p in parts):
-        raise DeviceError(f"device {device!r} is not valid: use '', 'cpu', 'mps', '0', '0,1,2,3' or 'cuda:1'")
+        raise ValueError(f"device {device!r} is not valid: use '', 'cpu', 'mps', '0', '0,1,2,3' or 'cuda:1'")
     indices = tuple(int(p) for p in parts)
     if len(set(indices)) != len(indices):
-        raise DeviceError(f"device {device!r} names a GPU twice")
+        raise ValueError(f"device {device!r} names a GPU twice")
     return DeviceRequest("cuda", indices)
 
 
@@ -138,7 +123,7 @@ def _make_visible(indices: tuple[int, ...]) -> tuple[int, ...]:
 def _check_gpus_per_node(device: str | int | torch.device | None, n_gpu: int, info: DistInfo) -> None:
     """One GPU per local process: say so before any process group forms, on every rank alike."""
     if info.local_world_size > n_gpu:
-        raise DeviceError(
+        raise ValueError(
             f"{info.local_world_size} processes on this node (LOCAL_WORLD_SIZE={info.local_world_size}, this is "
             f"local rank {info.local_rank}) but device {device!r} gives {n_gpu} GPU(s) of the "
             f"{torch.cuda.device_count()} visible: start at most {n_gpu} processes per node "
@@ -170,8 +155,8 @@ def select_device(
         The torch.device this process should use.
 
     Raises:
-        DeviceError: a ValueError and, as YOLOv5's error, an AssertionError: the device string is malformed,
-            names a device that is not there (the message lists what is), gives this node fewer GPUs than it has processes
+        ValueError: the device string is malformed, names a device that is not there
+            (the message lists what is), gives this node fewer GPUs than it has processes
             (the message names both counts), or batch_size does not divide by the GPU count.
 
     Examples:
@@ -194,23 +179,23 @@ def select_device(
         chosen = [torch.device("cpu")]
     elif request.kind == "mps":
         if not _mps_available():
-            raise DeviceError(f"device 'mps' requested but MPS is not available; devices here: {there}")
+            raise ValueError(f"device 'mps' requested but MPS is not available; devices here: {there}")
         chosen = [torch.device("mps")]
     else:
         if not torch.cuda.is_available():
-            raise DeviceError(
+            raise ValueError(
                 f"device {device!r} requested but CUDA is not available (torch {torch.__version__}, "
                 f"{torch.cuda.device_count()} CUDA devices); devices here: {there}. Use --device cpu"
             )
         count = torch.cuda.device_count()
         missing = [i for i in request.indices if i >= count]
         if missing:
-            raise DeviceError(f"device {device!r} requested but cuda:{missing[0]} is not there; devices here: {there}")
+            raise ValueError(f"device {device!r} requested but cuda:{missing[0]} is not there; devices here: {there}")
         n_gpu = len(request.indices)
         if info.distributed:
             _check_gpus_per_node(device, n_gpu, info)
         if batch_size is not None and n_gpu > 1 and batch_size % n_gpu:
-            raise DeviceError(
+            raise ValueError(
                 f"batch size {batch_size} does not divide by the {n_gpu} GPUs requested ({device!r}): "
                 f"use a multiple of {n_gpu}"
             )

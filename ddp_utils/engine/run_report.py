@@ -86,7 +86,7 @@ def finish_run(save_dir: str | Path, metrics: Mapping[str, float], epochs_done: 
     if plots:
         plot_results(save_dir / "results.csv")
     LOGGER.info(
-        f"{epochs_done} epoch{'' if epochs_done == 1 else 's'} done; results in {save_dir}; "
+        f"{epochs_done} epochs done; results in {save_dir}; "
         f"final mAP@0.5 {metrics['map50']:.3f}, mAP@0.5:0.95 {metrics['map']:.3f}"
     )
 
