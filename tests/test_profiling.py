@@ -313,13 +313,7 @@ def test_cli_torchvision_prints_both_tables():
 )
 def test_cli_bad_values_are_clear_errors(argv, message, capsys):
     assert profile_main(argv) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.startswith("python -m ddp_utils profile: error: "), err
-
-
-def test_cli_errors_name_the_command_as_invoked(capsys):
-    assert profile_main(["--torchvision", "resnet19"], prog="ddp-profile") == 2
-    assert capsys.readouterr().err.startswith("ddp-profile: error: ")
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils con
             pass
         dst = convert_yolov5_checkpoint(src, opt.dst)
     except (FileNotFoundError, CheckpointError, ForeignCheckpointError, OSError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"convert: error: {exc}", file=sys.stderr)
         return 2
     print(f"converted {src} -> {dst}")
     return 0

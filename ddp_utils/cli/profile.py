@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils pro
     try:
         run(opt)
     except (ValueError, DistEnvError, FileNotFoundError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)  # the command as invoked
+        print(f"ddp-profile: error: {e}", file=sys.stderr)
         return 2
     finally:
         cleanup()

@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils val
     try:
         device = du.select_device(opt.device, batch_size=opt.batch_size)
     except ValueError as exc:  # a device that is not there, before any process group starts
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"val: error: {exc}", file=sys.stderr)
         return 2
     du.init_distributed(device=device)
     finished = False
@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m ddp_utils val
         validate(opt, device, info)
         finished = True
     except (UsageError, FileNotFoundError, DataConfigError, CheckpointError, ForeignCheckpointError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"val: error: {exc}", file=sys.stderr)
         return 2
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang

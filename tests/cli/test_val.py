@@ -201,7 +201,7 @@ def test_bad_input_is_one_line_and_exit_code_2(change: dict, message: str, setup
         args[args.index("--data") + 1] = str(tmp_path / change["data"])
     result = run([sys.executable, *args])
     assert result.returncode == 2, result.stdout + result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("python -m ddp_utils val: error:")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("val: error:")]
     assert len(errors) == 1 and message in errors[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()  # nothing left behind
