@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..distributed.env import dist_info
 from ..log import LOGGER
 from .headers import ORIENTATION_TAG, TRANSPOSED_ORIENTATIONS, fast_image_size
 from .label_cache import (
@@ -334,8 +333,7 @@ def load_labels(
 
     It does no distributed synchronisation itself: wrap the call in
     ``torch_distributed_zero_first(local_rank)`` so that each node's first process
-    builds the cache and the others load it. Each bad file is a warning once per job, from
-    global rank 0 (or a single process); everywhere else the list is logged at INFO.
+    builds the cache and the others load it.
 
     Args:
         im_files: image paths (e.g. from :func:`find_images`).
@@ -366,11 +364,9 @@ def load_labels(
         written = _write_cache(cache_path, result)
 
     counts, messages = result["counts"], result["messages"]
-    # One process warns: the job's first, when it scanned. The first process of every other node
-    # scans too (node-local caches), and on a read-only dataset every process does: warning there as
-    # well printed each bad file once per node. Those, and a process reading a cache (the other ranks
-    # of a node, later runs), repeat the list at INFO, which only the main process shows.
-    _report(messages, logging.WARNING if not loaded and dist_info().rank in (-1, 0) else logging.INFO)
+    # The process that scanned warns; processes reading its cache (the other ranks of a
+    # node, later runs) repeat the list at INFO, which only the main process shows.
+    _report(messages, logging.INFO if loaded else logging.WARNING)
     source = "cache" if loaded else "scan"
     LOGGER.info(
         f"{prefix}{len(im_files)} images ({source} {cache_path}): {counts['found']} found, "

@@ -406,26 +406,6 @@ def test_first_process_of_the_node_builds_the_cache_the_others_read_it(dataset: 
     assert by_rank[0]["n"] == by_rank[1]["n"] == 7
 
 
-@pytest.mark.multiprocess
-@pytest.mark.timeout(150)
-def test_each_bad_file_is_one_warning_per_job_when_every_node_scans(dataset: dict[str, Path], tmp_path: Path) -> None:
-    # 2 nodes of 1 process, each with its own cache (node-local disks): both scan, rank 0 alone warns
-    workers = launch(
-        "tests.workers.data_config_scenarios:labels_once_per_node",
-        nprocs=2,
-        nnodes=2,
-        timeout=120,
-        args=(str(dataset["good"].parent), str(tmp_path / "caches")),
-    )
-    assert all(w.returncode == 0 for w in workers), describe(workers)
-    by_rank = {r["rank"]: r for r in records(workers)}
-    assert by_rank[0]["written"] and by_rank[1]["written"], describe(workers)  # both scanned
-    stderr = {w.rank: w.stderr for w in workers}
-    for name in ("garbage", "truncated", "wrong_columns", "out_of_range"):
-        assert sum(f"{name}." in line for line in stderr[0].splitlines()) == 1, stderr[0]
-        assert f"{name}." not in stderr[1], stderr[1]
-
-
 @pytest.mark.parametrize("slow_files", [False, True])
 def test_scan_uses_threads_only_when_the_files_keep_it_waiting(slow_files: bool) -> None:
     # the decision, not the time: threads verify the rest exactly when waiting for files dominated the probe

@@ -39,17 +39,12 @@ def check_dataset_once(yaml_file: str) -> None:
     du.cleanup()
 
 
-def labels_once_per_node(image_dir: str, cache_dir: str = "") -> None:
-    """The node's first process scans and writes the cache; the others read it.
-
-    With ``cache_dir``, each node keeps its cache there (``node<N>.cache``), as on node-local disks.
-    """
+def labels_once_per_node(image_dir: str) -> None:
+    """The node's first process scans and writes the cache; the others read it."""
     torch.set_num_threads(1)
     info = du.init_distributed(backend="gloo")
-    du.set_logging(info.rank)  # as train.py: warnings on every rank, INFO on rank 0 only
-    cache = Path(cache_dir) / f"node{info.node_rank}.cache" if cache_dir else None
     with du.torch_distributed_zero_first(info.local_rank):
-        result = load_labels(find_images(image_dir), cache)
+        result = load_labels(find_images(image_dir))
     record = {"rank": info.rank, "loaded": result.cache_loaded, "written": result.cache_written}
     record["n"] = len(result.im_files)
     print(json.dumps(record))
