@@ -4,7 +4,8 @@
 - memory: glibc's malloc keeps freed batch-sized blocks instead of faulting them in again;
 - OpenCV: no threads of its own (the workers are the parallelism);
 - signals: a SIGTERM sent to the whole process group (preemption) leaves the worker alive,
-  one from its parent still ends it.
+  one from its parent still ends it; Ctrl-C (SIGINT, sent to the whole group) is ignored: it is
+  the training process's to act on.
 
 Also :func:`default_workers`, how many workers a process gets when the user sets none.
 """
@@ -24,6 +25,10 @@ from ..seed import seed_worker
 def init_worker(worker_id: int) -> None:
     """The loader's ``worker_init_fn``: signals, allocator, OpenCV threads, then the worker's seeds."""
     _outlive_group_sigterm()
+    # A terminal's Ctrl-C reaches every process of its group. The trainer's SIGINT handler (finish the
+    # step, save, stop) came along with the fork and would run here too: one "received SIGINT" line per
+    # worker of every rank. The trainer ends its workers itself; an orphan still notices its parent gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "SIGUSR1"):  # SLURM's requeue warning goes to every process of the job; the trainer acts on it
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _keep_freed_memory()
