@@ -135,7 +135,6 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
 _YOLOV5_ONLY = (
     ("noautoanchor", False, "anchors are the model yaml's (or the checkpoint's): ddp_utils runs no AutoAnchor check"),
     ("bucket", "", "a gsutil bucket for --evolve, which ddp_utils does not do"),
-    ("entity", None, "YOLOv5's Weights & Biases logger option"),
     ("upload_dataset", False, "YOLOv5's Weights & Biases logger option"),
     ("bbox_interval", -1, "YOLOv5's Weights & Biases logger option"),
     ("artifact_alias", "latest", "YOLOv5's Weights & Biases logger option"),
@@ -180,7 +179,6 @@ _RANGES = {
     "imgsz": (lambda v: v is None or v >= 1, "give the image size in pixels, e.g. 640 (a multiple of the stride)"),
     "workers": (lambda v: v is None or v >= 0, "give a number of loader workers >= 0 (0: load in the process)"),
     "patience": (lambda v: v >= 0, "give epochs without improvement >= 0 (0: never stop early)"),
-    "save_period": (lambda v: v >= -1, "give a number of epochs >= 1, or -1 (never)"),
     "save_interval": (lambda v: math.isfinite(v) and v >= 0, "give minutes >= 0 (0: no mid-epoch saves)"),
     "label_smoothing": (lambda v: 0 <= v < 1, "give a value in [0, 1), e.g. 0.1"),
     "freeze": (lambda v: all(i >= 0 for i in v), "give layer counts or indices >= 0"),

@@ -115,6 +115,7 @@ class _Wandb:
             dir=str(save_dir),
             config=dict(params),
             mode=mode,
+            entity=dict(params).get("opt", {}).get("entity"),  # YOLOv5's --entity: the team or user
         )
         self.wandb, self.mode = wandb, mode
 

@@ -15,7 +15,6 @@ from train import parse_opt
         (["--imgsz", "0"], "--imgsz 0: give the image size in pixels"),
         (["--workers", "-1"], "--workers -1: give a number of loader workers >= 0"),
         (["--patience", "-3"], "--patience -3: give epochs without improvement >= 0"),
-        (["--save-period", "-2"], "--save-period -2: give a number of epochs >= 1, or -1 (never)"),
         (["--save-interval", "-1"], "--save-interval -1.0: give minutes >= 0"),
         (["--save-interval", "nan"], "--save-interval nan: give minutes >= 0"),
         (["--label-smoothing", "1"], "--label-smoothing 1.0: give a value in [0, 1)"),
@@ -34,9 +33,9 @@ def test_a_value_out_of_range_is_one_line_naming_the_option_and_the_value(args, 
 @pytest.mark.parametrize(
     "args",
     [[], ["--imgsz", "320", "--workers", "0", "--patience", "0", "--save-period", "-1", "--save-interval", "0"],
-     ["--save-period", "5", "--label-smoothing", "0.1", "--freeze", "10", "--seed", "0"]],
+     ["--save-period", "5", "--label-smoothing", "0.1", "--freeze", "10", "--seed", "0"], ["--save-period", "0"]],
 )  # fmt: skip
-def test_the_defaults_and_sensible_values_pass(args):
+def test_the_defaults_and_sensible_values_pass(args):  # --save-period below 1 is "never", as in YOLOv5
     check_options(parse_opt(args), world_size=1)
 
 
@@ -55,7 +54,7 @@ def test_every_yolov5_train_option_parses_and_those_that_do_nothing_say_so():
     opt = parse_opt(YOLOV5_COMMAND.split())
     notes = yolov5_option_notes(opt)
     named = [note.split(":")[0] for note in notes]
-    assert named == ["--noautoanchor", "--bucket", "--entity", "--upload-dataset", "--bbox-interval",
+    assert named == ["--noautoanchor", "--bucket", "--upload-dataset", "--bbox-interval",
                      "--ndjson-console", "--ndjson-file"]  # fmt: skip
     assert all("accepted for YOLOv5 compatibility, does nothing here (" in note for note in notes)
     assert yolov5_option_notes(parse_opt([])) == []  # nothing said when none is given
