@@ -1,16 +1,14 @@
 """The training step in train.py's GPU form never makes the host wait, counted on the CPU (tests/hostwait.py).
 
-train.py's form: the loss normalised over the global batch (``across_ranks=True``) and dense, mixed
-precision with an enabled GradScaler and a fused optimizer (bf16 autocast on the CPU, which refuses
-fp16; fp16 on CUDA), EMA, clipping, a warm-up that ends early in the epoch, the progress display on,
-and a PreemptionHandler polled every step with rank 0 asking whether a periodic save is due; in one
-process, and in two gloo processes under DDP, past the warm-up, so that every other backward pass
-skips the all-reduce (``no_sync``). Allowed: the display's reads of the running loss (matched by
-frame: ``loop._describe`` on the stack; at its last refresh and at the epoch's end here, at most once
-per refresh interval in general). Every other wait fails the test naming its source line.
-
-What the counter cannot see on the CPU (tests/test_hostwait.py) is covered on a GPU host by
-:func:`test_whole_epoch_on_cuda_under_sync_debug_error_mode`.
+The form (tests/workers/step_scenarios.py): fp16 autocast with a GradScaler (the CPU has fp16 autocast
+in torch 2.4+; bf16 without a scaler where it has not) and a fused optimizer,
+the dense loss normalised across ranks, channels_last, EMA, clipping, a short warm-up, the
+progress display on and a PreemptionHandler polled every step; in one process, and in two gloo
+processes under DDP with no_sync accumulation. Allowed: the display's reads of the running loss
+(loop._describe, matched by frame: at its last refresh and the epoch's end here; at most once per
+refresh interval in general); rank 0 asks each step whether a periodic save is due, as train.py's clock does.
+Every other wait fails the test naming its source line. On a GPU
+host, a whole epoch also runs under ``torch.cuda.set_sync_debug_mode("error")``.
 """
 
 from __future__ import annotations
@@ -18,53 +16,69 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddp_utils.data import DevicePrefetcher
+from ddp_utils.engine import PreemptionHandler, train_one_epoch
+
 from ..multiproc import describe, launch, records
-from ..workers.step_scenarios import count_epoch, cuda_epoch_under_sync_debug, expected_steps
+from ..workers.step_scenarios import count_epoch, gpu_form_batches, gpu_form_step
+
+STEPS = 10
+# warm-up over batches 0..2 (accumulation rising from 1 to 2), then 2 batches per optimizer step
+OPTIMIZER_STEPS = [0, 2, 4, 6, 8]
+ACCUMULATING = [1, 3, 5, 7, 9]
 
 
-def check(record: dict, steps: int, distributed: bool) -> None:
-    assert record["finite"] and not record["stopped"]
-    optimizer_steps, skipped = expected_steps(steps)
-    assert record["optimizer_steps"] == optimizer_steps, record
-    assert record["no_sync_steps"] == (skipped if distributed else 0), record
-    # after the first step (which makes the loss's constants): no wait at all but the display's
-    assert record["per_step"][1:] == [{}] * (steps - 1), record["per_step"]
-    # the display reads the loss at its last refresh (the interval is longer than the epoch) and at the end
-    assert record["bar_reads"] == record["bar_reads_after_last_step"] == 2, record
-    assert record["after_last_step"] == [], record
+def check(record: dict) -> None:
+    assert record["finite"] and not record["stopped"] and record["batches"] == STEPS
+    assert record["stepped"] == OPTIMIZER_STEPS and record["optimizer_steps"] == len(OPTIMIZER_STEPS), record
+    assert record["per_step"] == [{}] * STEPS, record["per_step"]
+    # the display reads the loss at its last refresh (the interval is longer than the epoch) and at the epoch's end
+    assert len(record["display_reads"]) == 2, record
+    assert record["after_last_step"] == record["display_reads"], record
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_gpu_form_epoch_in_one_process_never_waits_in_steady_state():
-    record = count_epoch(steps=9, accumulate=2)
-    assert record["amp"] == "bf16"
-    check(record, 9, distributed=False)
+def test_gpu_form_epoch_in_one_process_never_waits():
+    check(count_epoch(STEPS))
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_gpu_form_epoch_under_ddp_with_no_sync_never_waits_in_steady_state():
-    workers = launch("tests.workers.step_scenarios:ddp_epoch", 2, timeout=270, args=("9", "2"))
+def test_gpu_form_epoch_under_ddp_takes_no_sync_between_steps_and_never_waits():
+    workers = launch("tests.workers.step_scenarios:ddp_epoch", 2, timeout=270, args=(str(STEPS),))
     assert all(w.returncode == 0 for w in workers), describe(workers)
     for record in records(workers):
-        check(record, 9, distributed=True)
+        check(record)
+        # DDP all-reduced the gradients on the optimizer steps' backward passes only
+        assert record["no_sync"] == ACCUMULATING and record["reduced"] == OPTIMIZER_STEPS, record
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: on the CPU the counter above stands in")
 @pytest.mark.timeout(300)
-def test_whole_epoch_on_cuda_under_sync_debug_error_mode():
-    torch.cuda.set_sync_debug_mode("error")
-    try:  # the mode is what it claims: a host read raises under it
-        with pytest.raises(RuntimeError, match="synchroniz"):
-            torch.ones(1, device="cuda").item()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    record = cuda_epoch_under_sync_debug(steps=6, accumulate=2)
-    assert record["batches"] == 6 and record["finite"], record
-    assert record["optimizer_steps"] == expected_steps(6)[0], record
-    assert record["modes"] == [0, 2, 2, 2, 2, 2], record  # every step after the first ran in error mode
+def test_cuda_epoch_runs_whole_under_sync_debug_mode_error():
+    """A whole train_one_epoch in train.py's GPU form, where any implicit CPU-GPU sync raises.
+
+    One epoch first (the loss's constants are copied to the device at its first step, cuDNN picks
+    its algorithms), then a whole epoch in "error" mode with the display off (its reads are the
+    allowed ones). The epoch's end reads CUDA events after an explicit torch.cuda.synchronize(),
+    which the mode does not flag (only implicit syncs: .item(), blocking copies, nonzero...).
+    """
+    device = torch.device("cuda", torch.cuda.current_device())
+    step = gpu_form_step(STEPS, distributed=False, device=device)
+    batches = DevicePrefetcher(gpu_form_batches(STEPS), device, channels_last=True)
+    with PreemptionHandler() as preemption:
+        train_one_epoch(step, batches, 0, device, preemption=preemption)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            stats = train_one_epoch(step, batches, 1, device, preemption=preemption)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert stats.batch == STEPS and not stats.stopped
+    assert bool(torch.isfinite(stats.loss).all())
+    assert step.optimizer_steps >= 2 * len(OPTIMIZER_STEPS)
 
 
 @pytest.mark.slow

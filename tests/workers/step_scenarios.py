@@ -1,7 +1,15 @@
-"""The training step in its GPU form, counted for host waits (tests/hostwait.py), in one process or under DDP.
+"""The training step as train.py builds it on a GPU, counted for host waits (tests/hostwait.py), alone or under DDP.
 
 Run in worker processes by tests/engine/test_hostwait_step.py (see tests/multiproc.py); the
 single-process test calls :func:`count_epoch` directly.
+
+train.py's form on a GPU, on the CPU: fp16 autocast with an enabled GradScaler (the CPU has fp16
+autocast in the torch this project needs; where it has not, bf16 without a scaler, as train.py's
+``--amp bf16``: :data:`AMP` says which), a fused optimizer (what ``smart_optimizer`` picks for CUDA
+parameters), the dense loss (what ``ComputeLoss(dense=None)`` picks on CUDA) normalised across ranks
+(``across_ranks=True``), channels_last model and input, EMA, clipping, warm-up, DDP from
+``wrap_model``, batches through a ``DevicePrefetcher``, a ``PreemptionHandler`` polled every step
+and the progress display on.
 """
 
 from __future__ import annotations
@@ -10,15 +18,16 @@ import contextlib
 import json
 import os
 from collections import Counter
-from unittest import mock
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import ddp_utils as du
 from ddp_utils import progress as progress_module
-from ddp_utils.data import class_frequency, load_hyp
+from ddp_utils.data import DevicePrefetcher, class_frequency, load_hyp
 from ddp_utils.engine import (
     ModelEMA,
     PreemptionHandler,
@@ -28,201 +37,163 @@ from ddp_utils.engine import (
     smart_optimizer,
     to_channels_last,
     train_one_epoch,
-    use_channels_last,
     wrap_model,
 )
 from ddp_utils.engine import loop as loop_module
+from ddp_utils.engine.optim import accumulate_steps, scaled_weight_decay
 from ddp_utils.yolo import ComputeLoss, Model, load_model_yaml, scale_loss_gains
 
 from ..hostwait import HostWaitCounter
 
 CPU = torch.device("cpu")
-WARMUP_ITERS = 2  # iterations 0..2 ramp accumulation from 1 to 2; the epoch goes on well past them
+BATCH, SIZE, NC = 2, 64, 3  # images per rank and step, their size, classes
+WARMUP_ITERS, ACCUMULATE = 2, 2  # short enough that most of the epoch runs after it
 
 
-def gpu_form_batches(n: int, batch: int = 2, size: int = 64, seed: int = 0, pin: bool = False) -> list[tuple]:
-    """uint8 image batches with a few YOLO targets per image, as the loader gives them (pinned on request)."""
+def _fp16_autocast_on_cpu() -> bool:
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.float16
+    except RuntimeError:
+        return False
+
+
+AMP = "fp16" if _fp16_autocast_on_cpu() else "bf16"  # train.py's CUDA default, or its --amp bf16
+
+
+def gpu_form_batches(n: int, batch: int = BATCH, size: int = SIZE, seed: int = 0) -> list[tuple]:
+    """uint8 image batches with a few YOLO targets per image, as the loader gives them."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         imgs = torch.randint(0, 256, (batch, 3, size, size), generator=g, dtype=torch.uint8)
         rows = [
-            [i, int(torch.randint(0, 3, (1,), generator=g)), 0.3 + 0.1 * k, 0.5, 0.3, 0.4]
+            [i, int(torch.randint(0, NC, (1,), generator=g)), 0.3 + 0.1 * k, 0.5, 0.3, 0.4]
             for i in range(batch)
             for k in range(3)
         ]
-        targets = torch.tensor(rows)
-        if pin:
-            imgs, targets = imgs.pin_memory(), targets.pin_memory()
-        out.append((imgs, targets, [f"im{i}.jpg" for i in range(batch)], None))
+        out.append((imgs, torch.tensor(rows), [f"im{i}.jpg" for i in range(batch)], None))
     return out
 
 
-def expected_steps(steps: int) -> tuple[int, int]:
-    """(optimizer steps, no_sync backward passes) of an epoch of ``steps`` batches from iteration 0 with
-    accumulate 2, ramping over :data:`WARMUP_ITERS` = 2 iterations: worked out by hand, not by the code under test.
+def gpu_form_step(nb: int, distributed: bool, world_size: int = 1, device: torch.device = CPU) -> TrainStep:
+    """TrainStep as train.py's ``build_training`` makes it on a GPU (see the module's notes), for ``nb`` batches.
 
-    The warm-up's accumulation is 1 at iteration 0 (a step), ``round(1.5) = 2`` at 1 and 2 at 2, then 2:
-    so iterations 0, 2, 4... step, and 1, 3, 5... skip DDP's all-reduce.
-    """
-    optimizer_steps = (steps + 1) // 2
-    return optimizer_steps, steps - optimizer_steps
-
-
-def gpu_form_step(nb: int, accumulate: int, distributed: bool, world_size: int = 1, device: torch.device = CPU):
-    """TrainStep as train.py builds it on a GPU (see ``build_training``): the loss normalised over the
-    global batch (``across_ranks=True``) and dense (train.py's default on CUDA), mixed precision with an
-    enabled GradScaler and a fused optimizer, EMA, clipping, a warm-up that ends early in the epoch,
-    and (``distributed``) the DDP wrapper of ``wrap_model``.
-
-    Mixed precision: fp16 autocast on CUDA, as train.py's default; on the CPU, where ``--amp fp16`` is
-    refused (``resolve_amp``), bf16 autocast, with the GradScaler still enabled so its fp16 path
-    (scale, unscale, inf check handed to the fused optimizer) is the one counted.
+    The hyperparameters are hyp.shapes.yaml's with a warm-up of :data:`WARMUP_ITERS` iterations and
+    a nominal batch of :data:`ACCUMULATE` global batches, so that the epoch runs past the warm-up
+    and accumulates (DDP's ``no_sync``) between optimizer steps.
     """
     torch.manual_seed(0)
     cfg, _ = load_model_yaml("yolov5n.yaml")
-    model = Model({**cfg, "width_multiple": 0.125}, ch=3, nc=3).to(device)  # yolov5n's layers, thinner: fast
-    channels_last = use_channels_last(device)  # CUDA: as train.py, before the optimizer and the wrapper
-    if channels_last:
-        to_channels_last(model)
-    hyp = load_hyp("hyp.shapes.yaml")
-    optimizer = smart_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"], fused=True)
+    model = Model({**cfg, "width_multiple": 0.125}, ch=3, nc=NC).to(device)  # yolov5n's layers, thinner
+    to_channels_last(model)  # train.py on CUDA: before the optimizer and DDP
+    model.initialize_biases(class_frequency([np.array([[0, 0.5, 0.5, 0.1, 0.1]])], NC))
+    global_batch = BATCH * world_size
+    hyp = {**load_hyp("hyp.shapes.yaml"), "nbs": ACCUMULATE * global_batch}
+    hyp.update(warmup_epochs=WARMUP_ITERS / nb, warmup_min_iters=WARMUP_ITERS)
+    # optimizer_from_hyp's composition, fused as smart_optimizer makes it for CUDA parameters
+    accumulate = accumulate_steps(global_batch, hyp["nbs"])
+    decay = scaled_weight_decay(hyp["weight_decay"], global_batch, accumulate, hyp["nbs"])
+    optimizer = smart_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], decay, fused=True)
     lf = lr_lambda(hyp["lrf"], 3)
-    model.initialize_biases(class_frequency([np.array([[0, 0.5, 0.5, 0.1, 0.1]])], 3))
-    ema = ModelEMA(model)  # after the biases: the EMA starts from them, as train.py's
-    gains = scale_loss_gains(hyp, model.model[-1].nl, 3, 64)
+    warmup = Warmup(optimizer, lf, nb, hyp["warmup_epochs"], hyp["warmup_bias_lr"], hyp["warmup_momentum"],
+                    hyp["momentum"], hyp["warmup_min_iters"])  # fmt: skip
+    assert (warmup.iters, accumulate) == (WARMUP_ITERS, ACCUMULATE)
+    ema = ModelEMA(model)  # after the biases and the layout, as train.py's
+    scaler = torch.amp.GradScaler(device.type, enabled=AMP == "fp16")
+    gains = scale_loss_gains(hyp, model.model[-1].nl, NC, SIZE)
     compute_loss = ComputeLoss(model, gains, dense=True, across_ranks=True)
-    warmup_epochs = WARMUP_ITERS / nb
-    warmup = Warmup(optimizer, lf, nb, warmup_epochs, hyp["warmup_bias_lr"], hyp["warmup_momentum"], hyp["momentum"], 0)
-    assert warmup.iters == WARMUP_ITERS
-    amp = "fp16" if device.type == "cuda" else "bf16"
-    scaler = torch.amp.GradScaler(device.type, enabled=True)
-    if channels_last:
-        to_channels_last(ema.ema)
     model = wrap_model(model, device, distributed=distributed)
-    return TrainStep(
-        model, optimizer, scaler, ema, compute_loss, accumulate, warmup, amp, world_size, channels_last=channels_last
-    )
-
-
-def _counting_no_sync(model: nn.Module) -> list[int]:
-    """Count the model's ``no_sync()`` entries (DDP's skipped all-reduces); the list holds the count."""
-    entered = [0]
-    no_sync = model.no_sync
-
-    def counted():
-        entered[0] += 1
-        return no_sync()
-
-    model.no_sync = counted  # an instance attribute: TrainStep's getattr finds it first
-    return entered
-
-
-def count_epoch(steps: int, accumulate: int, distributed: bool = False, world_size: int = 1) -> dict:
-    """Train one epoch of ``steps`` batches under a :class:`HostWaitCounter`; the waits per step, by line.
-
-    The progress display's reads (waits with ``loop._describe`` on the stack) are counted apart.
-    With a refresh interval longer than the epoch they happen at the last batch and at the epoch's
-    end only, whichever display ``progress_mode`` picks (bar or plain lines). Rank 0 asks every step
-    whether a periodic save is due (never), as train.py's clock does, so the poll carries both flags.
-    """
-    step = gpu_form_step(steps, accumulate, distributed, world_size)
-    assert isinstance(step.ema, ModelEMA)
-    no_syncs = _counting_no_sync(step.model) if distributed else [0]
-    rank = du.dist_info().rank if distributed else 0
-    batches = gpu_form_batches(steps, seed=rank)
-    marks: list[int] = []
-    counter = HostWaitCounter()
-    with _long_progress_intervals(), PreemptionHandler() as preemption, counter:
-        stats = train_one_epoch(
-            step,
-            batches,
-            0,
-            CPU,
-            epochs=1,
-            preemption=preemption,
-            save_due=(lambda: False) if rank == 0 else None,
-            progress=True,
-            on_batch=lambda i, *_: marks.append(len(counter.waits)),
-        )
-    bar = [w.within(loop_module._describe) for w in counter.waits]
-    per_step = [
-        Counter(str(w) for w, read in zip(counter.waits[a:b], bar[a:b]) if not read) for a, b in zip([0, *marks], marks)
-    ]
-    return {
-        "optimizer_steps": step.optimizer_steps,
-        "no_sync_steps": no_syncs[0],
-        # waits other than the display's up to each step's end (on_batch), from the previous one's
-        "per_step": [dict(c) for c in per_step],
-        # after the last step's on_batch: the display's last refresh, the last poll and the epoch's end
-        "after_last_step": [str(w) for w, read in zip(counter.waits[marks[-1] :], bar[marks[-1] :]) if not read],
-        "bar_reads": sum(bar),
-        "bar_reads_after_last_step": sum(bar[marks[-1] :]),
-        "finite": bool(torch.isfinite(stats.loss).all()),
-        "stopped": stats.stopped,
-        "amp": step.amp,
-    }
+    settings = dict(amp=AMP, world_size=world_size, channels_last=True)
+    return TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, **settings)
 
 
 @contextlib.contextmanager
-def _long_progress_intervals():
-    """Bar and plain-line refresh intervals longer than any epoch here, put back afterwards.
+def plain_progress_once_at_the_end() -> Iterator[None]:
+    """The epoch's progress as plain lines with an interval longer than the epoch, restored afterwards.
 
-    (train_one_epoch takes no interval yet; once it does, the scenario passes one instead.)
+    The display then reads the loss at the epoch's last batch and at its end only (a bar on a
+    terminal does the same through the same ``due()`` test); the documented variables set it, as a
+    user would, and are put back as they were.
     """
-    with (
-        mock.patch.object(progress_module, "BAR_SECONDS", 1e9),
-        mock.patch.dict(os.environ, {progress_module.PLAIN_SECONDS_ENV: "1e9"}),
-    ):
+    names = (progress_module.PROGRESS_ENV, progress_module.PLAIN_SECONDS_ENV)
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({names[0]: "plain", names[1]: "1e9"})
+    try:
         yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
-def ddp_epoch(steps: str = "9", accumulate: str = "2") -> None:
+def count_epoch(steps: int, distributed: bool = False, world_size: int = 1) -> dict:
+    """Train one epoch of ``steps`` batches under a :class:`HostWaitCounter`: the waits per step, and what ran.
+
+    Returns a record: the waits of each step other than the progress display's (by source line;
+    a step's waits are those between its end and the previous one's), the display's reads (waits
+    with loop._describe on the stack), the waits after the last step, and the batches at which
+    an optimizer step, a DDP gradient all-reduce or a ``no_sync`` backward happened.
+    """
+    step = gpu_form_step(steps, distributed, world_size)
+    marks: list[int] = []  # len(counter.waits) after each batch; len(marks) is the batch being trained
+    stepped, reduced, no_sync = [], [], []
+    if distributed:
+        ddp = step.model
+        original_no_sync = ddp.no_sync
+
+        def counting_no_sync():
+            no_sync.append(len(marks))
+            return original_no_sync()
+
+        def counting_allreduce(state, bucket):
+            if not reduced or reduced[-1] != len(marks):
+                reduced.append(len(marks))
+            return default_hooks.allreduce_hook(state, bucket)
+
+        ddp.no_sync = counting_no_sync
+        ddp.register_comm_hook(None, counting_allreduce)
+
+    def after_batch(i: int, *_batch) -> None:
+        if step.optimizer_steps > len(stepped):
+            stepped.append(i)
+        marks.append(len(counter.waits))
+
+    counter = HostWaitCounter()
+    seed = du.dist_info().rank if distributed else 0
+    batches = DevicePrefetcher(gpu_form_batches(steps, seed=seed), CPU, channels_last=True)
+    clock = (lambda: False) if seed == 0 else None  # rank 0 asks each step whether a periodic save is due
+    with plain_progress_once_at_the_end(), PreemptionHandler() as preemption, counter:
+        stats = train_one_epoch(
+            step, batches, 0, CPU, epochs=1, preemption=preemption, save_due=clock, progress=True, on_batch=after_batch
+        )
+    display = (loop_module._describe,)
+    waits = [w for w in counter.waits if not any(w.within(f) for f in display)]
+    per_step = [Counter(str(w) for w in counter.waits[a:b] if w in waits) for a, b in zip([0, *marks], marks)]
+    return {
+        "amp": AMP,
+        "batches": stats.batch,
+        "optimizer_steps": step.optimizer_steps,
+        "stepped": stepped,
+        "reduced": reduced,
+        "no_sync": no_sync,
+        "per_step": [dict(c) for c in per_step],
+        "display_reads": [str(w) for w in counter.within(loop_module._describe)],
+        "after_last_step": [str(w) for w in counter.waits[marks[-1] :]],
+        "finite": bool(torch.isfinite(stats.loss).all()),
+        "stopped": stats.stopped,
+    }
+
+
+def ddp_epoch(steps: str = "10") -> None:
     """Two gloo ranks: :func:`count_epoch` under DDP (no_sync between optimizer steps); print the record."""
     torch.set_num_threads(1)
     info = du.init_distributed(backend="gloo", timeout=60)
-    record = count_epoch(int(steps), int(accumulate), distributed=True, world_size=info.world_size)
+    record = count_epoch(int(steps), distributed=True, world_size=info.world_size)
     print(json.dumps({"rank": info.rank, **record}))
     du.cleanup()
-
-
-def cuda_epoch_under_sync_debug(steps: int = 6, accumulate: int = 2) -> dict:
-    """A whole train_one_epoch on CUDA in train.py's form, its steady state under
-    ``torch.cuda.set_sync_debug_mode("error")``: any op that synchronizes with the host raises.
-
-    The mode is switched on after the first batch (which makes the loss's constants, a host-to-device
-    copy that waits once) and off after the last one (the epoch's end synchronizes once, to read the
-    timing events), so every other step and every poll in between runs under it.
-    """
-    device = torch.device("cuda", torch.cuda.current_device())
-    step = gpu_form_step(steps, accumulate, distributed=False, device=device)
-    modes: list[int] = []
-
-    def watch(i: int, *_: object) -> None:
-        modes.append(torch.cuda.get_sync_debug_mode())
-        torch.cuda.set_sync_debug_mode("error" if i + 1 < steps else "default")
-
-    try:
-        with PreemptionHandler() as preemption:
-            stats = train_one_epoch(
-                step,
-                gpu_form_batches(steps, pin=True),
-                0,
-                device,
-                epochs=1,
-                preemption=preemption,
-                save_due=lambda: False,
-                progress=False,
-                on_batch=watch,
-            )
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return {
-        "batches": stats.batch,
-        "optimizer_steps": step.optimizer_steps,
-        "modes": modes,  # the mode in force during each step: 0 (default) for the first, 2 (error) after
-        "finite": bool(torch.isfinite(stats.loss).all()),
-    }
 
 
 def _small() -> nn.Module:
