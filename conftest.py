@@ -100,6 +100,22 @@ def _library_logger_as_imported():
 ENV_PREFIX = "DDP_UTILS_"
 
 
+def _without_ddp_utils_settings():
+    saved = {name: value for name, value in os.environ.items() if name.startswith(ENV_PREFIX)}
+    for name in saved:
+        del os.environ[name]
+    yield
+    for name in [name for name in os.environ if name.startswith(ENV_PREFIX)]:
+        del os.environ[name]
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_without_the_shells_ddp_utils_settings():
+    """The whole session without the shell's ``DDP_UTILS_*``: module fixtures that start processes too."""
+    yield from _without_ddp_utils_settings()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_ddp_utils_environment():
     """Run every test (and doctest) without ``DDP_UTILS_*`` variables, and put them back afterwards.
@@ -108,10 +124,4 @@ def _isolated_ddp_utils_environment():
     and the processes a test launches inherit them: without this, a variable in the shell that runs
     pytest, or one a test or doctest set and left, would change what a later test sees.
     """
-    saved = {name: value for name, value in os.environ.items() if name.startswith(ENV_PREFIX)}
-    for name in saved:
-        del os.environ[name]
-    yield
-    for name in [name for name in os.environ if name.startswith(ENV_PREFIX)]:
-        del os.environ[name]
-    os.environ.update(saved)
+    yield from _without_ddp_utils_settings()
