@@ -29,7 +29,8 @@ default anchors: best possible recall 1.000).
 Printed: held-out mAP@0.5 and mAP@0.5:0.95 per seed with mean and standard deviation (n - 1), wall
 and CPU time of each run and their ratio ours / YOLOv5, and the per-epoch train losses (box, obj,
 cls; the mean over seeds) of both. Every finished run is written to ``<dir>/results.json`` at once,
-so ``--table`` prints the tables again and a stopped benchmark keeps what it measured.
+so ``--table`` prints the tables again; a later call with the same settings and ``--dir`` keeps the runs
+found there and adds the missing ones (more ``--seeds``, or the rest of a stopped benchmark).
 """
 
 from __future__ import annotations
@@ -351,14 +352,19 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = dict(setup=dict(description=describe(args), args=vars(args) | {"dir": str(args.dir)}))
     results["setup"]["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in results["setup"]["args"].items()}
     results["runs"] = {}
+    if results_file.is_file():  # the runs of the same setup done before: kept (more seeds, or a stopped benchmark)
+        before = json.loads(results_file.read_text())
+        if before.get("setup", {}).get("description") == results["setup"]["description"]:
+            results["runs"] = before["runs"]
+            print(f"parity: keeping the runs of seeds {', '.join(before['runs'])} from {results_file}", flush=True)
     if args.ours_only:
         results["skipped"] = {"yolov5": "--ours-only: no YOLOv5 checkout given"}
     runners = {"yolov5": run_yolov5, "ours": run_ours}
     started = time.perf_counter()
     for k, seed in enumerate(args.seeds):
         order = ["ours"] if args.ours_only else (["yolov5", "ours"] if k % 2 == 0 else ["ours", "yolov5"])
-        run: dict[str, Any] = {}
-        for side in order:
+        run: dict[str, Any] = results["runs"].get(str(seed), {})
+        for side in (side for side in order if side not in run):
             print(f"parity: seed {seed}: {side} training ...", flush=True)
             run[side] = runners[side](args, inputs, seed)
             run[side]["scores"] = held_out_scores(run[side]["weights"], inputs["data"], args.imgsz)

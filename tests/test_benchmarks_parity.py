@@ -103,6 +103,10 @@ def test_ours_only_end_to_end_then_the_table_again(tmp_path):
     assert "yolov5: skipped (--ours-only" in done.stdout and "| 3 | " in done.stdout
     again = run(PARITY, "--table", str(tmp_path / "results.json"))
     assert again.returncode == 0 and again.stdout.strip() in done.stdout
+    # the same settings again: the run is kept, not redone
+    kept = run(PARITY, "--ours-only", "--seeds", "3", *TINY, "--dir", str(tmp_path), timeout=120)
+    assert kept.returncode == 0 and "keeping the runs of seeds 3" in kept.stdout and "training" not in kept.stdout
+    assert again.stdout.strip() in kept.stdout
 
 
 @needs_yolov5
