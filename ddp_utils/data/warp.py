@@ -231,9 +231,10 @@ def mosaic4(
     Equivalent to placing the tiles on a ``2 * imgsz`` canvas and warping that canvas to
     ``imgsz`` (YOLOv5's mosaic then random_perspective), without the canvas. With
     ``sizes``, the images may come straight from the decoder: the resize to each tile's
-    size is folded into the same warp, so it costs nothing extra; and an image may be a
-    function that decodes it, called only when its tile lands in the output (at high zoom
-    some tiles fall wholly outside it, and are never decoded).
+    size is folded into the same warp (bilinear, no antialiasing: a tile shrunk to half or
+    less shows fine texture as grain, so ``YoloDataset`` resizes first, as YOLOv5 does); and
+    an image may be a function that returns it, called only when its tile lands in the output
+    (at high zoom some tiles fall wholly outside it, and are never decoded).
 
     Args:
         images: four HWC images, long side about ``imgsz`` (read-only views are fine),
