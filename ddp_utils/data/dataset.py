@@ -25,7 +25,7 @@ from ..seed import derive_seed
 from ..yamls import DataConfigError
 from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
 from .image_cache import DiskImageCache, SharedImageCache, normalize_cache
-from .images import load_image, read_image, resized_shape
+from .images import load_image, resized_shape
 from .warp import mosaic4, random_perspective
 
 if TYPE_CHECKING:
@@ -288,6 +288,12 @@ class YoloDataset(Dataset):
         w0, h0 = self.shapes[i]
         return img, (int(h0), int(w0)), img.shape[:2]
 
+    def _tile_image(self, i: int) -> np.ndarray:
+        # resized first, as the caches have it (and YOLOv5): the same samples with and without a cache, and
+        # no aliasing: a tile warped straight from the decoded image and shrunk by half or more showed its
+        # fine texture as grain the val images (resized with INTER_AREA) do not have
+        return self.load_image(i)[0]
+
     def _pixel_labels(self, i: int, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
         labels = self.labels[i].copy()
         if len(labels):
@@ -300,8 +306,8 @@ class YoloDataset(Dataset):
         indices = rng.permutation([index, *others])
         images, labels, sizes = [], [], []
         for i in map(int, indices):
-            if self.cache is None:  # decoded only if its tile shows; mosaic4 folds the resize into its warp
-                img = partial(read_image, self.im_files[i])
+            if self.cache is None:  # decoded only if its tile shows
+                img = partial(self._tile_image, i)
                 w0, h0 = self.shapes[i]
                 h, w = resized_shape(int(h0), int(w0), self.imgsz)
             else:

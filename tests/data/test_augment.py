@@ -183,6 +183,42 @@ def test_mosaic_equals_canvas_then_warp():
     assert (diff > 40).mean() < 0.01, f"{(diff > 40).mean():.3%} of pixels differ"
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_mosaic_pixels_sit_where_the_boxes_say_to_a_hundredth_of_a_pixel(seed):
+    """A zoom and a shift (no rotation, the usual hyp): the same pixels as YOLOv5's canvas then warpAffine.
+
+    Ramp images (the level says the column and the row) show a sub-pixel offset as a level offset:
+    pixels placed at a whole pixel with cv2.resize sat on average 1 - zoom px off their boxes.
+    """
+    s = 128
+    images = []
+    for k in range(4):
+        h, w = (s, 96) if k % 2 else (96, s)
+        cols, rows = np.meshgrid(np.arange(w), np.arange(h))
+        images.append(np.stack([2 * cols, 2 * rows, np.full_like(cols, 40 * k)], 2).astype(np.uint8))
+    labels = [np.zeros((0, 5), np.float32)] * 4
+    hyp = {"degrees": 0, "translate": 0.1, "scale": 0.5, "shear": 0}
+    out, _ = mosaic4(images, labels, s, np.random.default_rng(seed), hyp)
+    draws = np.random.default_rng(seed)  # the same draws: the centre, then the matrix
+    xc, yc = (int(draws.uniform(s // 2, 2 * s - s // 2)) for _ in range(2))
+    m, zoom = perspective_matrix(draws, (2 * s, 2 * s), (s, s), 0, 0.1, 0.5, 0, 0)
+    canvas = np.full((2 * s, 2 * s, 3), 114, np.uint8)
+    for k, img in enumerate(images):
+        h, w = img.shape[:2]
+        x0, y0 = xc - w if k in (0, 2) else xc, yc - h if k in (0, 1) else yc
+        xa, ya, xb, yb = max(x0, 0), max(y0, 0), min(x0 + w, 2 * s), min(y0 + h, 2 * s)
+        canvas[ya:yb, xa:xb] = img[ya - y0 : yb - y0, xa - x0 : xb - x0]
+    reference = cv2.warpAffine(canvas, m[:2], (s, s), borderValue=(114, 114, 114))
+    # compare inside the tiles only: away from their seams, where both sample one tile
+    tile = cv2.warpAffine(canvas[:, :, 2], m[:2], (s, s), flags=cv2.INTER_NEAREST, borderValue=255)
+    inside = (cv2.erode(tile, np.ones((5, 5), np.uint8)) == cv2.dilate(tile, np.ones((5, 5), np.uint8))) & (tile < 255)
+    assert inside.mean() > 0.5
+    diff = out[inside].astype(float) - reference[inside].astype(float)
+    offset_px = np.abs(diff[:, :2].mean(0)) / (2 * zoom)  # 2 levels per source pixel, zoom pixels per source pixel
+    assert (offset_px < 0.01).all(), f"pixels {offset_px} px off (zoom {zoom:.2f})"
+    assert np.abs(diff).max() <= 1
+
+
 def test_mixup_keeps_both_label_sets_and_blends():
     a, b = np.zeros((8, 8, 3), np.uint8), np.full((8, 8, 3), 200, np.uint8)
     img, lab = mixup(a, np.zeros((2, 5)), b, np.ones((3, 5)), np.random.default_rng(0))

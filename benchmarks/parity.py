@@ -1,0 +1,382 @@
+"""Does our train.py learn as well as YOLOv5's? Both trained side by side on one dataset, over seeds.
+
+    python benchmarks/parity.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
+    python benchmarks/parity.py --ours-only --epochs 1          # our side alone: no YOLOv5 checkout
+    python benchmarks/parity.py --table runs/parity/results.json  # the tables again, from saved results
+
+One synthetic shapes dataset (``ddp_utils.data.synthetic``: a train split and a held-out split
+that neither trainer selects on) feeds YOLOv5's ``train.py`` (an ultralytics/yolov5 checkout, run by
+its own interpreter, nothing of it imported here) and ours, with the same model yaml (yolov5n), hyp
+yaml, epochs, image size, batch size and nominal batch, ``--workers 0``, ``--noval --noplots``, on the
+CPU, one thread each (``OMP_NUM_THREADS``), one run after the other (the order alternates by seed, so a
+change of load on a shared host hits both sides alike). Then THE SAME evaluator scores both final
+models on the held-out split: ``ddp_utils.cli.val`` (``python -m ddp_utils val``), which reads
+YOLOv5's ``last.pt`` without unpickling it. Both ``last.pt`` hold the final EMA (YOLOv5 stores it in
+fp16, we in fp32).
+
+The nominal batch: YOLOv5's train.py hard-codes ``nbs = 64`` and at least 100 warm-up iterations,
+so the hyp given to both says ``nbs: 64`` and ``warmup_min_iters: 100`` (ours reads them; YOLOv5
+ignores keys it does not know): both accumulate ``round(64 / batch)`` batches per optimizer step
+(batch 16: 4) and scale the weight decay alike, with no edit of YOLOv5's tree.
+
+Two things YOLOv5's train.py needs offline: it fetches Arial.ttf at start-up (given here: matplotlib's
+DejaVuSans under that name in ``YOLOV5_CONFIG_DIR``), and with torch >= 2.6 it cannot reload its own
+pickled checkpoints (``torch.load``'s default became ``weights_only=True``):
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` gives back the old default, in its process only. YOLOv5's
+AutoAnchor stays on, as a user has it; its verdict is recorded per run (on this data it keeps the
+default anchors: best possible recall 1.000).
+
+Printed: held-out mAP@0.5 and mAP@0.5:0.95 per seed with mean and standard deviation (n - 1), wall
+and CPU time of each run and their ratio ours / YOLOv5, and the per-epoch train losses (box, obj,
+cls; the mean over seeds) of both. Every finished run is written to ``<dir>/results.json`` at once,
+so ``--table`` prints the tables again; a later call with the same settings and ``--dir`` keeps the runs
+found there and adds the missing ones (more ``--seeds``, or the rest of a stopped benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # this checkout's ddp_utils, not another installed copy
+
+NBS = 64  # YOLOv5's train.py: nbs = 64, hard-coded
+WARMUP_MIN_ITERS = 100  # YOLOv5's train.py: nw = max(round(warmup_epochs * nb), 100)
+LOSSES = ("box", "obj", "cls")
+SIDES = ("yolov5", "ours")
+NAMES = {0: "circle", 1: "square", 2: "triangle", 3: "star"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = parser.add_argument
+    add("--yolov5", type=Path, help="an ultralytics/yolov5 checkout (v7.0: its train.py needs no ultralytics package)")
+    add("--yolov5-python", default=None, help="the interpreter that runs YOLOv5 (its own venv); default: this one")
+    add("--ours-only", action="store_true", help="run our side alone (no YOLOv5 checkout needed)")
+    add("--table", type=Path, help="print the tables of a results.json and exit")
+    add("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--seed of each pair of runs")
+    add("--epochs", type=int, default=30)
+    add("--imgsz", type=int, default=160)
+    add("--batch-size", type=int, default=16, help="batch size of both (accumulated to the nominal batch 64)")
+    add("--cfg", default="yolov5n.yaml", help="model yaml: a name both trainers ship")
+    add("--hyp", default="hyp.shapes.yaml", help="hyp yaml (ours or a path); nbs and warmup_min_iters are set")
+    add("--n-train", type=int, default=1000, help="train images")
+    add("--n-val", type=int, default=200, help="held-out images")
+    add("--size", type=int, nargs=2, default=[160, 256], metavar=("MIN", "MAX"), help="image sides (px)")
+    add("--data-seed", type=int, default=0, help="the synthetic dataset's seed")
+    add("--threads", type=int, default=1, help="OMP_NUM_THREADS of every run")
+    add("--dir", type=Path, default=REPO / "runs" / "parity", help="work directory (dataset, runs, results.json)")
+    args = parser.parse_args(argv)
+    if args.table is not None:
+        if not args.table.is_file():
+            parser.error(f"--table {args.table}: no such file")
+        return args
+    problems = [
+        f"--{name.replace('_', '-')} {getattr(args, name)} must be >= {low}"
+        for name, low in (("epochs", 1), ("batch_size", 1), ("n_train", 1), ("n_val", 1), ("threads", 1))
+        if getattr(args, name) < low
+    ]
+    if args.imgsz < 64 or args.imgsz % 32:
+        problems.append(f"--imgsz {args.imgsz} must be a multiple of 32, at least 64")
+    if not 32 <= args.size[0] <= args.size[1]:
+        problems.append(f"--size {args.size[0]} {args.size[1]}: give the smallest and largest side, both >= 32")
+    if len(set(args.seeds)) != len(args.seeds):
+        problems.append(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
+    if args.ours_only:
+        if args.yolov5 is not None:
+            problems.append("--ours-only and --yolov5 exclude each other")
+    elif args.yolov5 is None:
+        problems.append("--yolov5 PATH (an ultralytics/yolov5 checkout) is needed, or --ours-only")
+    else:
+        problems += yolov5_problems(args.yolov5, args.cfg)
+        python = args.yolov5_python or sys.executable
+        if shutil.which(python) is None:
+            problems.append(f"--yolov5-python {python}: no such interpreter")
+    if problems:
+        parser.error("; ".join(problems))
+    return args
+
+
+def yolov5_problems(checkout: Path, cfg: str) -> list[str]:
+    """Why ``checkout`` is not a YOLOv5 tree this benchmark can run (empty when it is)."""
+    if not (checkout / "train.py").is_file():
+        return [f"--yolov5 {checkout}: no train.py there; give an ultralytics/yolov5 checkout"]
+    if not (checkout / "models" / cfg).is_file():
+        return [f"--yolov5 {checkout}: no models/{cfg} there"]
+    train_py = (checkout / "train.py").read_text(encoding="utf-8", errors="replace")
+    if "nbs = 64" not in train_py:
+        return [f"--yolov5 {checkout}: its train.py does not set nbs = 64, which the hyp given to both assumes"]
+    return []
+
+
+# ---- the inputs both trainers share ----
+
+
+def prepare_inputs(args: argparse.Namespace) -> dict[str, Path]:
+    """The dataset (made once, reused while its settings match), the data yaml and the hyp yaml."""
+    import yaml
+
+    from ddp_utils.data.synthetic import make_shapes_dataset
+    from ddp_utils.hyp import load_hyp
+
+    work = args.dir.resolve()
+    root = work / "shapes"
+    manifest = dict(n_train=args.n_train, n_val=args.n_val, size=list(args.size), seed=args.data_seed)
+    made = root / "shapes.json"
+    if made.is_file():
+        found = json.loads(made.read_text())
+        if {k: found.get(k) for k in manifest} != manifest:
+            raise SystemExit(f"parity: {root} holds another dataset ({found}); remove it or choose another --dir")
+    else:
+        make_shapes_dataset(root, args.n_train, args.n_val, tuple(args.size), args.data_seed, list(NAMES.values()))
+    data = work / "data.yaml"
+    data.write_text(
+        yaml.safe_dump(dict(path=str(root), train="images/train", val="images/val", nc=len(NAMES), names=NAMES))
+    )
+    hyp = load_hyp(args.hyp)
+    hyp.update(nbs=NBS, warmup_min_iters=WARMUP_MIN_ITERS)  # YOLOv5's hard-coded values, said out loud for ours
+    hyp_file = work / "hyp.yaml"
+    hyp_file.write_text(yaml.safe_dump(hyp, sort_keys=False))
+    fonts = work / "yolov5_config"  # YOLOv5 fetches Arial.ttf into its config dir at start-up; offline, give one
+    fonts.mkdir(exist_ok=True)
+    if not (fonts / "Arial.ttf").is_file():
+        import matplotlib
+
+        shutil.copy(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf", fonts / "Arial.ttf")
+    return dict(work=work, data=data, hyp=hyp_file, yolov5_config=fonts)
+
+
+def common_options(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> list[str]:
+    """The options both train.py take, with the same meaning."""
+    return [
+        "--data", str(inputs["data"]), "--hyp", str(inputs["hyp"]), "--epochs", str(args.epochs),
+        "--imgsz", str(args.imgsz), "--batch-size", str(args.batch_size), "--workers", "0", "--seed", str(seed),
+        "--device", "cpu", "--noval", "--noplots", "--exist-ok",
+    ]  # fmt: skip
+
+
+# ---- running one side ----
+
+
+def timed_run(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[float, float]:
+    """Run ``command`` to the end, its output to ``log``: (wall seconds, CPU seconds of it and its children)."""
+    with log.open("w") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise SystemExit(
+            f"parity: {' '.join(command[:3])} ... exited {proc.returncode}; see {log}:\n" + "\n".join(tail)
+        )
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[name] = str(threads)
+    return env
+
+
+def run_yolov5(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> dict[str, Any]:
+    run_dir = inputs["work"] / "yolov5" / f"seed{seed}"
+    env = thread_env(args.threads)
+    env.pop("PYTHONPATH", None)  # YOLOv5 imports its own models/ and utils/ from its checkout
+    env.update(YOLOV5_CONFIG_DIR=str(inputs["yolov5_config"]), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    command = [
+        args.yolov5_python or sys.executable, "train.py", "--cfg", f"models/{args.cfg}", "--weights", "",
+        *common_options(args, inputs, seed), "--project", str(run_dir.parent), "--name", run_dir.name,
+    ]  # fmt: skip
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    wall, cpu = timed_run(command, args.yolov5.resolve(), env, run_dir.parent / f"seed{seed}.log")
+    log = (run_dir.parent / f"seed{seed}.log").read_text(errors="replace")
+    anchors = next((line for line in log.splitlines() if "Best Possible Recall" in line), "")
+    result = finished_run(run_dir, wall, cpu)
+    result["autoanchor"] = anchors.split("AutoAnchor:")[-1].replace("\x1b[0m", "").strip()
+    return result
+
+
+def run_ours(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> dict[str, Any]:
+    run_dir = inputs["work"] / "ours" / f"seed{seed}"
+    env = {**thread_env(args.threads), "PYTHONPATH": str(REPO)}
+    command = [
+        sys.executable, str(REPO / "train.py"), "--cfg", args.cfg, *common_options(args, inputs, seed),
+        "--progress", "off", "--project", str(run_dir.parent), "--name", run_dir.name,
+    ]  # fmt: skip
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    wall, cpu = timed_run(command, inputs["work"], env, run_dir.parent / f"seed{seed}.log")
+    return finished_run(run_dir, wall, cpu)
+
+
+def finished_run(run_dir: Path, wall: float, cpu: float) -> dict[str, Any]:
+    """What a run left: its per-epoch train losses (results.csv) and the held-out scores of its last.pt."""
+    return dict(
+        wall_s=wall,
+        cpu_s=cpu,
+        losses=train_losses(run_dir / "results.csv"),
+        weights=str(run_dir / "weights" / "last.pt"),
+    )
+
+
+def train_losses(results_csv: Path) -> list[list[float]]:
+    """[[box, obj, cls] per epoch] from a results.csv, ours or YOLOv5's (whose header is padded with spaces)."""
+    with results_csv.open(newline="") as f:
+        rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
+    return [[float(row[f"train/{name}_loss"]) for name in LOSSES] for row in rows]
+
+
+def held_out_scores(weights: str, data: Path, imgsz: int) -> dict[str, float]:
+    """``python -m ddp_utils val`` on the held-out split, in this process: precision, recall, mAP@0.5, mAP@0.5:0.95."""
+    import torch
+
+    import ddp_utils as du
+    from ddp_utils.cli import val
+
+    opt = val.parse_opt(
+        ["--weights", weights, "--data", str(data), "--imgsz", str(imgsz), "--workers", "0", "--progress", "off"]
+    )
+    with contextlib.redirect_stdout(io.StringIO()):  # its table: the figures go in ours
+        metrics = val.validate(opt, torch.device("cpu"), du.dist_info())
+    return {key: float(metrics[key]) for key in ("precision", "recall", "map50", "map")}
+
+
+# ---- the report ----
+
+
+def summary(values: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation; 0 for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def report(results: dict[str, Any]) -> str:
+    """The markdown tables of a results dict (what results.json holds)."""
+    setup, runs = results["setup"], results["runs"]
+    seeds = sorted({int(s) for s in runs}, key=int)
+    sides = [side for side in SIDES if all(side in runs[str(s)] for s in seeds)]
+    lines = [f"setup: {setup['description']}", ""]
+    for side, reason in results.get("skipped", {}).items():
+        lines += [f"{side}: skipped ({reason})", ""]
+    header = ["seed"]
+    for label in ("mAP@0.5", "mAP@0.5:0.95"):
+        header += [f"{side} {label}" for side in sides]
+    header += [f"{side} wall s" for side in sides] + [f"{side} CPU s" for side in sides]
+    if len(sides) == 2:
+        header += ["wall ours/YOLOv5", "CPU ours/YOLOv5"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    columns: dict[str, list[float]] = {h: [] for h in header[1:]}
+    for seed in seeds:
+        run = runs[str(seed)]
+        row = [run[side]["scores"][key] for key in ("map50", "map") for side in sides]
+        row += [run[side]["wall_s"] for side in sides] + [run[side]["cpu_s"] for side in sides]
+        if len(sides) == 2:
+            row += [run["ours"]["wall_s"] / run["yolov5"]["wall_s"], run["ours"]["cpu_s"] / run["yolov5"]["cpu_s"]]
+        for h, v in zip(header[1:], row):
+            columns[h].append(v)
+        lines.append(f"| {seed} | " + " | ".join(_cell(h, v) for h, v in zip(header[1:], row)) + " |")
+    stats = {h: summary(v) for h, v in columns.items()}
+    lines.append("| mean | " + " | ".join(_cell(h, stats[h][0]) for h in header[1:]) + " |")
+    lines.append("| std | " + " | ".join(_cell(h, stats[h][1]) for h in header[1:]) + " |")
+    if len(sides) == 2:
+        (ours, _), (theirs, spread) = stats["ours mAP@0.5:0.95"], stats["yolov5 mAP@0.5:0.95"]
+        met = ours >= theirs - spread
+        lines += [
+            "",
+            f"goal: ours' mean held-out mAP@0.5:0.95 {ours:.3f} >= YOLOv5's mean minus one std "
+            f"{theirs:.3f} - {spread:.3f} = {theirs - spread:.3f}: {'met' if met else 'NOT met'}; "
+            f"wall time ours/YOLOv5 {stats['wall ours/YOLOv5'][0]:.2f} (mean of the per-seed ratios), "
+            f"CPU time {stats['CPU ours/YOLOv5'][0]:.2f}",
+        ]
+    anchors = {run["yolov5"].get("autoanchor") for run in runs.values() if "yolov5" in run}
+    if anchors - {None, ""}:
+        lines += ["", "YOLOv5 AutoAnchor: " + " / ".join(sorted(anchors - {None, ""}))]
+    lines += ["", f"train loss per epoch, mean over {len(seeds)} seed(s): box / obj / cls", ""]
+    lines += ["| epoch | " + " | ".join(sides) + (" | box ours/YOLOv5 |" if len(sides) == 2 else " |")]
+    lines.append("|---|" + "---|" * (len(sides) + (len(sides) == 2)))
+    curves = {side: _mean_curve([runs[str(s)][side]["losses"] for s in seeds]) for side in sides}
+    for epoch in range(min(len(c) for c in curves.values())):
+        cells = [" / ".join(f"{v:.4f}" for v in curves[side][epoch]) for side in sides]
+        if len(sides) == 2:
+            cells.append(f"{curves['ours'][epoch][0] / curves['yolov5'][epoch][0]:.3f}")
+        lines.append(f"| {epoch + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(header: str, value: float) -> str:
+    return f"{value:.0f}" if header.endswith(" s") else f"{value:.2f}" if "/" in header else f"{value:.3f}"
+
+
+def _mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
+    epochs = min(len(c) for c in curves)
+    return [[statistics.fmean(c[e][k] for c in curves) for k in range(len(LOSSES))] for e in range(epochs)]
+
+
+def describe(args: argparse.Namespace) -> str:
+    import torch
+
+    return (
+        f"{args.cfg} from scratch, {args.n_train} train / {args.n_val} held-out synthetic shapes images of "
+        f"{args.size[0]}-{args.size[1]} px (data seed {args.data_seed}), --imgsz {args.imgsz}, --batch-size "
+        f"{args.batch_size} accumulated to nbs {NBS}, {args.epochs} epochs, hyp {Path(args.hyp).name} with nbs {NBS} "
+        f"and warmup_min_iters {WARMUP_MIN_ITERS}, --workers 0, CPU, OMP_NUM_THREADS={args.threads}; "
+        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; held-out scores: "
+        "python -m ddp_utils val on each last.pt (the final EMA)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.table is not None:
+        print(report(json.loads(args.table.read_text())))
+        return 0
+    inputs = prepare_inputs(args)
+    results_file = inputs["work"] / "results.json"
+    results: dict[str, Any] = dict(setup=dict(description=describe(args), args=vars(args) | {"dir": str(args.dir)}))
+    results["setup"]["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in results["setup"]["args"].items()}
+    results["runs"] = {}
+    if results_file.is_file():  # the runs of the same setup done before: kept (more seeds, or a stopped benchmark)
+        before = json.loads(results_file.read_text())
+        if before.get("setup", {}).get("description") == results["setup"]["description"]:
+            results["runs"] = before["runs"]
+            print(f"parity: keeping the runs of seeds {', '.join(before['runs'])} from {results_file}", flush=True)
+    if args.ours_only:
+        results["skipped"] = {"yolov5": "--ours-only: no YOLOv5 checkout given"}
+    runners = {"yolov5": run_yolov5, "ours": run_ours}
+    started = time.perf_counter()
+    for k, seed in enumerate(args.seeds):
+        order = ["ours"] if args.ours_only else (["yolov5", "ours"] if k % 2 == 0 else ["ours", "yolov5"])
+        run: dict[str, Any] = results["runs"].get(str(seed), {})
+        for side in (side for side in order if side not in run):
+            print(f"parity: seed {seed}: {side} training ...", flush=True)
+            run[side] = runners[side](args, inputs, seed)
+            run[side]["scores"] = held_out_scores(run[side]["weights"], inputs["data"], args.imgsz)
+            scores, wall = run[side]["scores"], run[side]["wall_s"]
+            print(f"parity: seed {seed}: {side}: mAP@0.5 {scores['map50']:.3f} mAP@0.5:0.95 {scores['map']:.3f}, "
+                  f"{wall:.0f} s", flush=True)  # fmt: skip
+            results["runs"][str(seed)] = run
+            results_file.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nparity: {len(args.seeds)} seed(s) in {(time.perf_counter() - started) / 60:.1f} min; {results_file}\n")
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

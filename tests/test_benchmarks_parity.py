@@ -1,0 +1,134 @@
+"""benchmarks/parity.py and parity_step.py: their argument checks, the report, and our side end to end.
+
+YOLOv5's side needs an ultralytics/yolov5 checkout (v7.0) and an interpreter that runs it: set
+``DDP_UTILS_YOLOV5=<checkout>`` and ``DDP_UTILS_YOLOV5_PYTHON=<its venv's python>`` to run those tests
+too; without them they are skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PARITY = REPO / "benchmarks" / "parity.py"
+PARITY_STEP = REPO / "benchmarks" / "parity_step.py"
+YOLOV5 = os.environ.get("DDP_UTILS_YOLOV5")
+YOLOV5_PYTHON = os.environ.get("DDP_UTILS_YOLOV5_PYTHON", sys.executable)
+needs_yolov5 = pytest.mark.skipif(
+    not YOLOV5,
+    reason="YOLOv5's side needs a checkout: set DDP_UTILS_YOLOV5=<ultralytics/yolov5 v7.0> and "
+    "DDP_UTILS_YOLOV5_PYTHON=<the interpreter of its venv>",
+)
+TINY = ["--epochs", "1", "--n-train", "16", "--n-val", "8", "--imgsz", "64", "--batch-size", "8", "--size", "64", "96"]
+
+
+def load_parity():
+    spec = importlib.util.spec_from_file_location("parity_benchmark", PARITY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(script: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout
+    )
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+    done = run(PARITY, "--yolov5", str(tmp_path / "nowhere"), "--epochs", "0", "--imgsz", "100", "--dir", str(tmp_path))
+    assert done.returncode == 2
+    error = done.stderr.strip().splitlines()[-1]
+    assert "--epochs 0 must be >= 1" in error and "--imgsz 100 must be a multiple of 32" in error
+    assert f"--yolov5 {tmp_path / 'nowhere'}: no train.py there" in error
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())  # nothing made
+
+    not_v5 = tmp_path / "other"
+    (not_v5 / "models").mkdir(parents=True)
+    (not_v5 / "train.py").write_text("nbs = 16\n")
+    (not_v5 / "models" / "yolov5n.yaml").write_text("nc: 80\n")
+    done = run(PARITY, "--yolov5", str(not_v5))
+    assert done.returncode == 2 and "does not set nbs = 64" in done.stderr
+
+    done = run(PARITY)
+    assert done.returncode == 2 and "--yolov5 PATH" in done.stderr and "--ours-only" in done.stderr
+    done = run(PARITY_STEP, "--yolov5", str(tmp_path / "nowhere"))
+    assert done.returncode == 2 and "give an ultralytics/yolov5 checkout" in done.stderr
+
+
+def fixture_results(ours_map: list[float], theirs_map: list[float]) -> dict:
+    runs = {}
+    anchors = "5.90 anchors/target, 1.000 Best Possible Recall (BPR). Current anchors are a good fit"
+    for k, (ours, theirs) in enumerate(zip(ours_map, theirs_map)):
+        losses = [[0.1, 0.02, 0.04]] * 2
+        runs[str(k)] = {
+            "yolov5": dict(
+                scores=dict(map50=0.9, map=theirs), wall_s=400.0, cpu_s=300.0, losses=losses, autoanchor=anchors
+            ),
+            "ours": dict(scores=dict(map50=0.95, map=ours), wall_s=300.0, cpu_s=240.0, losses=[[0.12, 0.02, 0.04]] * 2),
+        }
+    return dict(setup=dict(description="fixture"), runs=runs)
+
+
+def test_report_gives_mean_std_ratios_the_goal_and_the_loss_curves():
+    parity = load_parity()
+    text = parity.report(fixture_results([0.81, 0.80, 0.83], [0.80, 0.82, 0.84]))
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["| mean"].startswith("| mean | 0.900 | 0.950 | 0.820 | 0.813 | 400 | 300 | 300 | 240 | 0.75 | 0.80 |")
+    assert rows["| std"].startswith("| std | 0.000 | 0.000 | 0.020 | 0.015 |")
+    assert "0.813 >= YOLOv5's mean minus one std 0.820 - 0.020 = 0.800: met" in text
+    assert "wall time ours/YOLOv5 0.75" in text and "Best Possible Recall" in text
+    assert "| 2 | 0.1000 / 0.0200 / 0.0400 | 0.1200 / 0.0200 / 0.0400 | 1.200 |" in text
+    assert "NOT met" in parity.report(fixture_results([0.70, 0.71, 0.72], [0.80, 0.82, 0.84]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ours_only_end_to_end_then_the_table_again(tmp_path):
+    done = run(PARITY, "--ours-only", "--seeds", "3", *TINY, "--dir", str(tmp_path), timeout=580)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    ours = results["runs"]["3"]["ours"]
+    assert set(results["runs"]["3"]) == {"ours"} and "no YOLOv5 checkout" in results["skipped"]["yolov5"]
+    assert 0 <= ours["scores"]["map"] <= ours["scores"]["map50"] <= 1 and ours["wall_s"] > 0 and ours["cpu_s"] > 0
+    assert len(ours["losses"]) == 1 and all(v > 0 for v in ours["losses"][0])
+    assert "yolov5: skipped (--ours-only" in done.stdout and "| 3 | " in done.stdout
+    again = run(PARITY, "--table", str(tmp_path / "results.json"))
+    assert again.returncode == 0 and again.stdout.strip() in done.stdout
+    # the same settings again: the run is kept, not redone
+    kept = run(PARITY, "--ours-only", "--seeds", "3", *TINY, "--dir", str(tmp_path), timeout=120)
+    assert kept.returncode == 0 and "keeping the runs of seeds 3" in kept.stdout and "training" not in kept.stdout
+    assert again.stdout.strip() in kept.stdout
+
+
+@needs_yolov5
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_both_sides_one_epoch(tmp_path):
+    args = ["--yolov5", YOLOV5, "--yolov5-python", YOLOV5_PYTHON, "--seeds", "0", *TINY, "--dir", str(tmp_path)]
+    done = run(PARITY, *args, timeout=880)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run0 = json.loads((tmp_path / "results.json").read_text())["runs"]["0"]
+    assert set(run0) == {"yolov5", "ours"} and "Best Possible Recall" in run0["yolov5"]["autoanchor"]
+    assert "wall time ours/YOLOv5" in done.stdout
+
+
+@needs_yolov5
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_first_step_agrees_with_yolov5(tmp_path):
+    args = ["--yolov5", YOLOV5, "--yolov5-python", YOLOV5_PYTHON, "--n-train", "32", "--imgsz", "64", "--epochs", "1"]
+    done = run(PARITY_STEP, *args, "--batch-size", "8", "--dir", str(tmp_path), timeout=580)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in done.stdout.splitlines()}
+    assert float(rows["first batch's loss items (box, obj, cls)"][1]) < 1e-5
+    assert float(rows["gradients at the first optimizer step (after clipping)"][1]) < 1e-4
+    assert float(rows["weights after the first optimizer step"][1]) < 1e-6
