@@ -95,7 +95,11 @@ class PreemptionHandler:
             signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            # every rank polled as often, so the last poll's all-reduce is matched: finish it, or tearing the
+            # group down under it would abort the process ("terminate called without an active exception")
+            self._settle()
         self.restore()
 
     def restore(self) -> None:
