@@ -257,7 +257,7 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
     requeue = engine.signals.requeue_signal(opt.requeue_signal)  # checked by check_options
     stop_signals = dict(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(requeue,) if requeue else ())
     signalled = stop = False
-    with engine.PreemptionHandler(**stop_signals) as preemption:
+    with logger, engine.PreemptionHandler(**stop_signals) as preemption:  # an error: the trackers' runs FAILED
         for epoch in range(fit.state.epoch, run.epochs):
             stats = train_epoch(run, fit, device, info, preemption, checkpoints)
             if stats.stopped:  # every rank stopped after the same step (or at the epoch's end, not validated)

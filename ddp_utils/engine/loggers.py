@@ -244,11 +244,19 @@ class ResultsLogger:
         if self.enabled and self.trackers is not None:
             self.trackers.log_weights([Path(p) for p in paths])
 
-    def close(self, finished: bool = True) -> None:
+    def close(self, finished: bool = True, failed: bool = False) -> None:
         """Close the TensorBoard writer and end the trackers' runs (``finished``: not stopped to resume)."""
         if self.tb is not None:
             self.tb.close()
             self.tb = None
         if self.trackers is not None:
-            self.trackers.close(finished)
+            self.trackers.close(finished, failed)
             self.trackers = None
+
+    def __enter__(self) -> ResultsLogger:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        """An error or a second Ctrl-C leaving the block ends the trackers' runs as failed, not left running."""
+        if kind is not None:
+            self.close(finished=False, failed=not issubclass(kind, KeyboardInterrupt))

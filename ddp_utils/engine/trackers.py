@@ -85,8 +85,9 @@ class _MLflow:
         for path in paths:
             self.client.log_artifact(self.run_id, str(path), artifact_path="weights")
 
-    def close(self, finished: bool) -> None:
-        self.client.set_terminated(self.run_id, status="FINISHED" if finished else "KILLED")
+    def close(self, finished: bool, failed: bool) -> None:
+        status = "FAILED" if failed else "FINISHED" if finished else "KILLED"
+        self.client.set_terminated(self.run_id, status=status)
 
 
 def _wandb_logged_in() -> bool:
@@ -128,8 +129,8 @@ class _Wandb:
             artifact.add_file(str(path), name=path.name)
         self.run.log_artifact(artifact)
 
-    def close(self, finished: bool) -> None:
-        self.run.finish(exit_code=0 if finished else 1)
+    def close(self, finished: bool, failed: bool) -> None:
+        self.run.finish(exit_code=0 if finished and not failed else 1)
 
 
 _KINDS = {"mlflow": _MLflow, "wandb": _Wandb}
@@ -184,9 +185,9 @@ class Trackers:
         if existing:
             self._each("log_weights", existing)
 
-    def close(self, finished: bool = True) -> None:
-        """End the trackers' runs: finished, or stopped to be resumed."""
-        self._each("close", finished)
+    def close(self, finished: bool = True, failed: bool = False) -> None:
+        """End the trackers' runs: finished, stopped to be resumed, or failed (MLflow: FINISHED, KILLED, FAILED)."""
+        self._each("close", finished, failed)
         self.active = []
 
 

@@ -58,6 +58,26 @@ def test_mlflow_gets_params_metrics_per_epoch_and_the_weights_and_a_resume_conti
     assert (project / "mlartifacts").is_dir()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_error_or_a_second_ctrl_c_leaving_the_logger_ends_the_mlflow_run_failed_or_killed(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    project = tmp_path / "runs" / "train"
+    for name, error in (("exp", RuntimeError("out of memory")), ("exp2", KeyboardInterrupt())):
+        save_dir = project / name
+        save_dir.mkdir(parents=True)
+        logger = ResultsLogger(save_dir, tensorboard=False, trackers=Trackers(["mlflow"], save_dir, project, PARAMS))
+        with pytest.raises(type(error)), logger:
+            logger.log(0, values(0))
+            raise error
+        assert logger.trackers is None  # closed: a later close() is a no-op
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(str(project)).experiment_id])
+    assert {run.info.run_name: run.info.status for run in runs} == {"exp": "FAILED", "exp2": "KILLED"}
+
+
 def wandb_records(run_file: Path) -> list:
     """The records of a W&B run file (a LevelDB-style log of protobuf records, after a 7-byte header)."""
     from wandb.proto import wandb_internal_pb2
