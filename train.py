@@ -352,7 +352,7 @@ def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
     """results.csv, early stopping and the checkpoints (rank 0 writes), and the run's summary line."""
     params = {"opt": run.options(), "hyp": run.hyp}
     trackers = Trackers(run.opt.trackers if info.is_main else [], run.save_dir, Path(run.opt.project), params)
-    logger = engine.ResultsLogger(run.save_dir, start_epoch=fit.state.epoch, trackers=trackers)
+    logger = engine.ResultsLogger(run.save_dir, fit.state.epoch, trackers=trackers, enabled=info.is_main)
     if run.resume is None and info.is_main and not run.opt.noplots:
         engine.plot_labels(fit.labels, run.names, run.save_dir)
     stopper = engine.EarlyStopping(patience=run.opt.patience)

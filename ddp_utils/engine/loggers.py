@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-from ..distributed import is_main_process
 from ..files import mkstemp_shared
 from ..log import LOGGER
 from .checkpoint import to_plain
@@ -156,14 +155,15 @@ class ResultsLogger:
     On resume, pass the first epoch to run: rows from that epoch on (written before the
     run stopped, and about to be redone) are dropped, earlier rows and the header kept.
 
-    Build it on every rank: only the main process writes; elsewhere ``enabled`` is False
-    and the methods return at once.
+    It writes wherever it is enabled: the caller decides who writes (train.py passes
+    ``enabled=False`` off rank 0, where every method returns at once).
 
     Args:
         save_dir: the run directory.
         start_epoch: the epoch the run starts (or resumes) at.
         tensorboard: also write TensorBoard scalars when the package is importable.
         trackers: a :class:`~ddp_utils.engine.trackers.Trackers` that gets every row too, or None.
+        enabled: False: write nothing (the other ranks of a DDP run).
 
     Examples:
         >>> import tempfile
@@ -175,11 +175,16 @@ class ResultsLogger:
     """
 
     def __init__(
-        self, save_dir: str | Path, start_epoch: int = 0, tensorboard: bool = True, trackers: Any = None
+        self,
+        save_dir: str | Path,
+        start_epoch: int = 0,
+        tensorboard: bool = True,
+        trackers: Any = None,
+        enabled: bool = True,
     ) -> None:
         self.save_dir = Path(save_dir)
         self.csv = self.save_dir / "results.csv"
-        self.enabled = is_main_process()
+        self.enabled = enabled
         self.tb = None
         self.trackers = trackers
         if not self.enabled:

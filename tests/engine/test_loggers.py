@@ -101,6 +101,18 @@ def test_results_csv_reads_yolov5_padded_header(tmp_path):
     assert [r[0].strip() for r in read_rows(tmp_path / "results.csv")] == ["epoch", "0", "1"]
 
 
+def test_a_disabled_logger_writes_nothing_and_truncates_nothing(tmp_path):
+    """The other ranks of a DDP run: train.py passes enabled=False there."""
+    first = ResultsLogger(tmp_path, tensorboard=False)
+    first.log(0, values(0))
+    before = (tmp_path / "results.csv").read_bytes()
+    other_rank = ResultsLogger(tmp_path, start_epoch=0, tensorboard=False, enabled=False)
+    other_rank.log(1, values(1))
+    other_rank.close()
+    assert (tmp_path / "results.csv").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+
+
 def test_foreign_csv_and_missing_columns_are_named(tmp_path):
     (tmp_path / "results.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="results.csv has columns"):
@@ -112,10 +124,8 @@ def test_foreign_csv_and_missing_columns_are_named(tmp_path):
         results_values([1, 2, 3], {"precision": 0, "recall": 0, "map50": 0, "map": 0}, [1, 2, 3], [0.1, 0.1])
 
 
-def test_non_main_rank_logger_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    logger = ResultsLogger(tmp_path / "run")
+def test_a_disabled_logger_makes_no_run_directory(tmp_path):
+    logger = ResultsLogger(tmp_path / "run", enabled=False)
     logger.log(0, values(0))
     logger.close()
     assert not logger.enabled and not (tmp_path / "run").exists()

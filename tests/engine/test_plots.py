@@ -91,16 +91,16 @@ def test_writers_write_on_any_rank_the_caller_decides(tmp_path, monkeypatch):
     from ddp_utils.engine import build_checkpoint, load_checkpoint, save_checkpoint
     from ddp_utils.engine.run_report import finish_run
 
-    logger = ResultsLogger(tmp_path, tensorboard=False)  # (it still decides for itself: it writes on rank 0 only)
     metrics = {"precision": 0.5, "recall": 0.5, "map50": 0.5, "map": 0.25}
-    for epoch in range(2):
-        logger.log(epoch, results_values([0.1] * 3, metrics, [0.5, 0.4, 0.3], [0.01] * 3))
     model = torch.nn.Linear(2, 1)
     best = tmp_path / "weights" / "best.pt"
     best.parent.mkdir()
-    save_checkpoint(build_checkpoint(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)), best)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    logger = ResultsLogger(tmp_path, tensorboard=False)
+    for epoch in range(2):
+        logger.log(epoch, results_values([0.1] * 3, metrics, [0.5, 0.4, 0.3], [0.01] * 3))
+    save_checkpoint(build_checkpoint(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)), best)
     assert_image(plot_labels([np.ones((1, 5), np.float32) * 0.5], None, tmp_path))
     imgs = torch.full((1, 3, 64, 64), 200, dtype=torch.uint8)
     assert plot_images(imgs, torch.tensor([[0, 0, 0.5, 0.5, 0.5, 0.5]]), tmp_path / "b.jpg").is_file()

@@ -18,7 +18,6 @@ from typing import Any, BinaryIO, Callable
 
 import torch
 
-from ...distributed import is_main_process
 from ...files import mkstemp_shared
 from ...log import LOGGER
 from .format import CheckpointError, CheckpointWriteError, UnsafeCheckpointError, check_plain
@@ -115,8 +114,8 @@ def _atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
     return path
 
 
-def save_checkpoint(ckpt: Mapping[str, Any], path: str | Path) -> bool:
-    """Save a checkpoint atomically on the main process; other ranks do nothing.
+def save_checkpoint(ckpt: Mapping[str, Any], path: str | Path) -> Path:
+    """Save a checkpoint atomically (on whichever process calls it: in DDP, the caller makes that rank 0).
 
     Args:
         ckpt: a dict of plain values (:func:`build_checkpoint`); checked with :func:`check_plain`
@@ -124,17 +123,15 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | Path) -> bool:
         path: the target file (``weights/last.pt``); its directory is created.
 
     Returns:
-        True when this process wrote the file, False on other ranks.
+        The path written.
 
     Raises:
         TypeError: an entry is not a plain type (the message names it).
         CheckpointWriteError: the write failed; the previous file is intact.
     """
-    if not is_main_process():
-        return False
     check_plain(dict(ckpt))
     atomic_torch_save(dict(ckpt), path)
-    return True
+    return Path(path)
 
 
 class BackgroundWriter:
