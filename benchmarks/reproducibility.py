@@ -9,6 +9,7 @@ several times, and prints the worst relative difference of the trained weights (
 
 - ``rerun``: the same command again (one process, ``--workers 0``);
 - ``workers2``: ``--workers 2``;
+- ``threads2``: the reference's command with ``OMP_NUM_THREADS=2`` instead of 1 (another float summation order);
 - ``ddp``: ``torchrun --nproc_per_node 2``, each process half the global batch, gloo;
 - ``ddp-sync-bn``: the same with ``--sync-bn``;
 - ``resume``: one process stopped by SIGTERM in the middle of the first epoch, then ``--resume`` (one process);
@@ -41,6 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "rerun": (1, ["--workers", "0"]),
     "workers2": (1, ["--workers", "2"]),
+    "threads2": (1, ["--workers", "0"]),
     "ddp": (2, ["--workers", "0"]),
     "ddp-sync-bn": (2, ["--workers", "0", "--sync-bn"]),
     # (processes before the stop, processes after it), stopped half-way through the first epoch
@@ -48,6 +50,7 @@ CASES = {
     "resume-2to1-sync-bn": ((2, 1), ["--workers", "0", "--sync-bn"]),
     "resume-1to2-sync-bn": ((1, 2), ["--workers", "0", "--sync-bn"]),
 }
+THREADS = {"threads2": 2}  # OMP_NUM_THREADS of a case; the others run on one thread per process
 PROGRESS = re.compile(r"^1/\d+ .* (\d+)/(\d+) \d+%")  # a plain progress line of the first epoch
 
 
@@ -101,7 +104,7 @@ def train_command(nproc: int, data: Path, project: Path, name: str, args: argpar
 
 def train(nproc, data: Path, project: Path, name: str, args: argparse.Namespace, extra: list[str]) -> dict:
     """Train a case to the end; ``nproc`` a pair (before, after): stopped half-way through epoch 1, then resumed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS.get(name, 1)), "PYTHONPATH": str(REPO_ROOT)}
     start = time.perf_counter()
     last = project / name / "weights" / "last.pt"
     if isinstance(nproc, tuple):
