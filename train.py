@@ -64,7 +64,9 @@ USER_ERRORS = (
 )
 
 
-def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_opt(argv: list[str] | bool | None = None) -> argparse.Namespace:
+    """The options from ``argv`` (default: the command line); ``True``, as YOLOv5's ``parse_opt(known=True)``:
+    the command line's options that train.py knows, the rest ignored."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--weights", default="", help="checkpoint to start from, ours or YOLOv5's ('' trains from scratch)")
@@ -115,7 +117,23 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    if isinstance(argv, bool):
+        return parser.parse_known_args()[0] if argv else parser.parse_args()
     return parser.parse_args(argv)
+
+
+def run(**kwargs) -> argparse.Namespace:
+    """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``: the command line's known
+    options with ``kwargs`` set over them, then :func:`main`; returns the options. A name that is not one of
+    train.py's options is refused, naming it (YOLOv5 would set it and ignore it)."""
+    opt = parse_opt(True)
+    unknown = sorted(set(kwargs) - set(vars(opt)))
+    if unknown:
+        raise TypeError(f"train.run: no option named {', '.join(unknown)} (python train.py --help lists them)")
+    for name, value in kwargs.items():
+        setattr(opt, name, value)
+    main(opt)
+    return opt
 
 
 def usage_error(message: str) -> NoReturn:

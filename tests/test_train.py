@@ -194,14 +194,47 @@ def test_bad_combinations_fail_before_any_process_group(args, env, message, tmp_
     assert "process group" not in result.stderr
 
 
-def test_local_rank_argument_is_accepted_and_ignored():
+def import_train():
     sys.path.insert(0, str(REPO_ROOT))
     try:
         import train
     finally:
         sys.path.pop(0)
+    return train
+
+
+def test_local_rank_argument_is_accepted_and_ignored():
+    train = import_train()
     assert train.parse_opt(["--local_rank", "3"]).local_rank == 3
     assert train.parse_opt(["--local-rank=1"]).local_rank == 1
+
+
+def test_yolov5_call_forms_parse_opt_true_and_run_refusing_an_unknown_name(monkeypatch):
+    train = import_train()
+    monkeypatch.setattr(sys, "argv", ["script.py", "--epochs", "7", "--not-ours", "x", "-q"])
+    opt = train.parse_opt(True)  # YOLOv5's parse_opt(known=True): the known options, the rest ignored
+    assert opt.epochs == 7 and opt.imgsz is None
+    with pytest.raises(SystemExit):
+        train.parse_opt(False)
+    with pytest.raises(TypeError, match="train.run: no option named epochz, imgs"):
+        train.run(epochz=3, imgs=320)  # refused before anything runs (YOLOv5 would set and ignore them)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_train_run_from_python_trains_as_the_command_line_does(tmp_path):
+    data = tiny_data_yaml(tmp_path)
+    code = (
+        "import train; opt = train.run("
+        f"data={str(data)!r}, cfg='yolov5n.yaml', hyp='hyp.shapes.yaml', imgsz=128, batch_size=8, workers=0, "
+        f"epochs=1, project={str(tmp_path / 'runs')!r}, name='run', device='cpu', noplots=True); print(opt.epochs)"
+    )
+    result = run([sys.executable, "-c", code], train_env(), 280)
+    assert result.returncode == 0, describe([result])
+    assert result.stdout.strip().splitlines()[-1] == "1"
+    with (tmp_path / "runs" / "run" / "results.csv").open() as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["0"]
+    assert load_checkpoint(tmp_path / "runs" / "run" / "weights" / "last.pt")["epoch"] == 0
 
 
 @pytest.mark.slow
