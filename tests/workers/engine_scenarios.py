@@ -78,7 +78,8 @@ def ddp_engine(directory: str) -> None:
                 stopped_at = step
                 break
     ckpt = build_checkpoint(ema.ema, optimizer=optimizer, ema_updates=ema.updates, epoch=stopped_at or 0)
-    wrote = save_checkpoint(ckpt, Path(directory) / "last.pt")
+    if info.is_main:  # the caller decides who writes, as train.py does
+        save_checkpoint(ckpt, Path(directory) / "last.pt")
     du.barrier()
     loaded = load_checkpoint(Path(directory) / "last.pt")
     # parameters, not BatchNorm running stats: those see each rank's own batches after DDP's buffer broadcast
@@ -95,7 +96,6 @@ def ddp_engine(directory: str) -> None:
                 "rank": info.rank,
                 "stopped_at": stopped_at,
                 "received": preempt.received,
-                "wrote": wrote,
                 "ema_keys": sorted(ema.ema.state_dict())[:3],
                 "loaded_keys": sorted(loaded["model"])[:3],
                 "ema_updates": loaded["ema_updates"],
