@@ -15,10 +15,14 @@ and is dropped: training never fails for a tracker.
   online or offline; without it a machine that is not logged in (no ``WANDB_API_KEY``, no api.wandb.ai
   in ``~/.netrc``) logs offline, never prompting (``wandb sync <run>/wandb/offline-run-*`` uploads it).
   A resumed run continues the same W&B run (its id follows from the run directory).
+
+A process that ends without :meth:`Trackers.close` (an error anywhere, a finish step that raised) ends
+the runs still open as failed (MLflow FAILED, W&B exit code 1) at exit, instead of leaving them RUNNING.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
@@ -166,6 +170,8 @@ class Trackers:
             self.active.append(tracker)
             where = getattr(tracker, "uri", None) or f"mode {getattr(tracker, 'mode', '')}"
             LOGGER.info(f"{name}: tracking this run ({where})")
+        if self.active:
+            atexit.register(self._close_at_exit)
 
     def _each(self, method: str, *args: Any) -> None:
         for tracker in list(self.active):
@@ -189,6 +195,11 @@ class Trackers:
         """End the trackers' runs: finished, stopped to be resumed, or failed (MLflow: FINISHED, KILLED, FAILED)."""
         self._each("close", finished, failed)
         self.active = []
+        atexit.unregister(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        # the process is ending and nobody closed the runs: it did not finish
+        self.close(finished=False, failed=True)
 
 
 __all__ = ["TRACKERS", "Trackers"]

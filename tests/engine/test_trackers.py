@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,6 +58,27 @@ def test_mlflow_gets_params_metrics_per_epoch_and_the_weights_and_a_resume_conti
         "weights/last.pt",
     ]
     assert (project / "mlartifacts").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_process_that_ends_with_its_mlflow_run_open_ends_it_failed(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    project, save_dir = tmp_path / "runs" / "train", tmp_path / "runs" / "train" / "exp"
+    save_dir.mkdir(parents=True)
+    code = (
+        "from pathlib import Path; from ddp_utils.engine.trackers import Trackers; "
+        f"t = Trackers(['mlflow'], Path({str(save_dir)!r}), Path({str(project)!r}), {{}}); t.log(0, {{'x': 1.0}}); "
+        "raise RuntimeError('a finish step failed')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1 and "a finish step failed" in done.stderr, done.stderr[-2000:]
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name(str(project)).experiment_id])
+    assert run.info.status == "FAILED"
 
 
 @pytest.mark.slow
