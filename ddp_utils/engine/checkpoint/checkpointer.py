@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .files import BackgroundWriter, atomic_write_bytes
+from .files import BackgroundWriter, write_serialised
 from .format import build_checkpoint, check_plain, to_plain
 
 
@@ -126,9 +125,7 @@ class Checkpointer:
             self.writer.submit(ckpt, paths)
         else:
             check_plain(ckpt)
-            buffer = io.BytesIO()
-            torch.save(ckpt, buffer)
-            paths = [atomic_write_bytes(buffer.getvalue(), path) for path in paths]
+            paths = write_serialised(ckpt, paths)
         self.last_saved = time.monotonic()
         self.blocked_seconds = time.perf_counter() - started
         return paths

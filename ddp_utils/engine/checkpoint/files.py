@@ -134,6 +134,21 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | Path) -> Path:
     return Path(path)
 
 
+def write_serialised(ckpt: Mapping[str, Any], paths: Sequence[str | Path]) -> list[Path]:
+    """``torch.save`` a checkpoint once and write the same bytes atomically to every path, in order.
+
+    The caller checks it first (:func:`~ddp_utils.engine.checkpoint.check_plain`): a background save
+    checks in its caller's thread, before handing over.
+
+    Raises:
+        CheckpointWriteError: a write failed; the file there is as it was, the ones before it are new.
+    """
+    buffer = io.BytesIO()
+    torch.save(dict(ckpt), buffer)
+    data = buffer.getvalue()
+    return [atomic_write_bytes(data, path) for path in paths]
+
+
 class BackgroundWriter:
     """Serialise a checkpoint and write it to its files in a thread, one save after another, in order.
 
@@ -174,11 +189,7 @@ class BackgroundWriter:
     def _write(self, ckpt: Mapping[str, Any], paths: list[str | Path]) -> None:
         start = time.perf_counter()
         try:
-            buffer = io.BytesIO()
-            torch.save(dict(ckpt), buffer)
-            data = buffer.getvalue()
-            for path in paths:
-                atomic_write_bytes(data, path)
+            write_serialised(ckpt, paths)
         except BaseException as exc:  # handed to the caller's thread at the next submit or wait
             self._error = exc
         self.last_seconds = time.perf_counter() - start
