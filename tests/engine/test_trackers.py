@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import struct
 import subprocess
 import sys
@@ -31,13 +30,28 @@ def weights(save_dir: Path) -> list[Path]:
     return paths
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_mlflow_gets_params_metrics_per_epoch_and_the_weights_and_a_resume_continues_its_run(tmp_path, monkeypatch):
+@pytest.fixture
+def mlflow_project(tmp_path, monkeypatch):
+    """A project directory whose MLflow store is the local default (``<project>/mlflow.db``), and mlflow."""
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    project, save_dir = tmp_path / "runs" / "train", tmp_path / "runs" / "train" / "exp"
-    save_dir.mkdir(parents=True)
+    project = tmp_path / "runs" / "train"
+    project.mkdir(parents=True)
+    return mlflow, project
+
+
+def mlflow_runs(mlflow, project: Path) -> list:
+    """The runs of the project's experiment, read back from its sqlite store."""
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    return client.search_runs([client.get_experiment_by_name(str(project)).experiment_id])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_mlflow_gets_params_metrics_per_epoch_and_the_weights_and_a_resume_continues_its_run(mlflow_project):
+    mlflow, project = mlflow_project
+    save_dir = project / "exp"
+    save_dir.mkdir()
     logger = ResultsLogger(save_dir, tensorboard=False, trackers=Trackers(["mlflow"], save_dir, project, PARAMS))
     for epoch in (0, 1):
         logger.log(epoch, values(epoch))
@@ -47,8 +61,8 @@ def test_mlflow_gets_params_metrics_per_epoch_and_the_weights_and_a_resume_conti
     resumed.log_weights(weights(save_dir))
     resumed.close()
 
+    (run,) = mlflow_runs(mlflow, project)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name(str(project)).experiment_id])
     assert run.info.run_name == "exp" and run.info.status == "FINISHED"
     assert run.data.params["hyp/lr0"] == "0.01" and run.data.params["opt/freeze"] == "[0]"
     history = client.get_metric_history(run.info.run_id, "metrics/mAP_0.5:0.95")
@@ -62,42 +76,36 @@ def test_mlflow_gets_params_metrics_per_epoch_and_the_weights_and_a_resume_conti
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_a_process_that_ends_with_its_mlflow_run_open_ends_it_failed(tmp_path, monkeypatch):
-    mlflow = pytest.importorskip("mlflow")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    project, save_dir = tmp_path / "runs" / "train", tmp_path / "runs" / "train" / "exp"
-    save_dir.mkdir(parents=True)
+def test_a_process_that_ends_with_its_mlflow_run_open_ends_it_failed(mlflow_project):
+    mlflow, project = mlflow_project
+    save_dir = project / "exp"
+    save_dir.mkdir()
     code = (
         "from pathlib import Path; from ddp_utils.engine.trackers import Trackers; "
         f"t = Trackers(['mlflow'], Path({str(save_dir)!r}), Path({str(project)!r}), {{}}); t.log(0, {{'x': 1.0}}); "
         "raise RuntimeError('a finish step failed')"
     )
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)  # inherits no URI
     assert done.returncode == 1 and "a finish step failed" in done.stderr, done.stderr[-2000:]
 
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name(str(project)).experiment_id])
+    (run,) = mlflow_runs(mlflow, project)
     assert run.info.status == "FAILED"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_an_error_or_a_second_ctrl_c_leaving_the_logger_ends_the_mlflow_run_failed_or_killed(tmp_path, monkeypatch):
-    mlflow = pytest.importorskip("mlflow")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    project = tmp_path / "runs" / "train"
+def test_an_error_or_a_second_ctrl_c_leaving_the_logger_ends_the_mlflow_run_failed_or_killed(mlflow_project):
+    mlflow, project = mlflow_project
     for name, error in (("exp", RuntimeError("out of memory")), ("exp2", KeyboardInterrupt())):
         save_dir = project / name
-        save_dir.mkdir(parents=True)
+        save_dir.mkdir()
         logger = ResultsLogger(save_dir, tensorboard=False, trackers=Trackers(["mlflow"], save_dir, project, PARAMS))
         with pytest.raises(type(error)), logger:
             logger.log(0, values(0))
             raise error
         assert logger.trackers is None  # closed: a later close() is a no-op
 
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name(str(project)).experiment_id])
+    runs = mlflow_runs(mlflow, project)
     assert {run.info.run_name: run.info.status for run in runs} == {"exp": "FAILED", "exp2": "KILLED"}
 
 
