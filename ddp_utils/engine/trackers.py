@@ -58,7 +58,6 @@ class _MLflow:
     def __init__(self, save_dir: Path, project: Path, params: Mapping[str, Any]) -> None:
         import mlflow  # an optional extra: pip install "ddp_utils[mlflow]"
 
-        self.mlflow = mlflow
         project.mkdir(parents=True, exist_ok=True)
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project.resolve() / 'mlflow.db'}"
         self.client = mlflow.MlflowClient(tracking_uri=uri)
