@@ -14,11 +14,8 @@ and the progress display on.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections import Counter
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -26,7 +23,6 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import ddp_utils as du
-from ddp_utils import progress as progress_module
 from ddp_utils.data import DevicePrefetcher, class_frequency, load_hyp
 from ddp_utils.engine import (
     ModelEMA,
@@ -108,27 +104,6 @@ def gpu_form_step(nb: int, distributed: bool, world_size: int = 1, device: torch
     return TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, **settings)
 
 
-@contextlib.contextmanager
-def plain_progress_once_at_the_end() -> Iterator[None]:
-    """The epoch's progress as plain lines with an interval longer than the epoch, restored afterwards.
-
-    The display then reads the loss at the epoch's last batch and at its end only (a bar on a
-    terminal does the same through the same ``due()`` test); the documented variables set it, as a
-    user would, and are put back as they were.
-    """
-    names = (progress_module.PROGRESS_ENV, progress_module.PLAIN_SECONDS_ENV)
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update({names[0]: "plain", names[1]: "1e9"})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def count_epoch(steps: int, distributed: bool = False, world_size: int = 1) -> dict:
     """Train one epoch of ``steps`` batches under a :class:`HostWaitCounter`: the waits per step, and what ran.
 
@@ -165,9 +140,18 @@ def count_epoch(steps: int, distributed: bool = False, world_size: int = 1) -> d
     seed = du.dist_info().rank if distributed else 0
     batches = DevicePrefetcher(gpu_form_batches(steps, seed=seed), CPU, channels_last=True)
     clock = (lambda: False) if seed == 0 else None  # rank 0 asks each step whether a periodic save is due
-    with plain_progress_once_at_the_end(), PreemptionHandler() as preemption, counter:
+    with PreemptionHandler() as preemption, counter:
         stats = train_one_epoch(
-            step, batches, 0, CPU, epochs=1, preemption=preemption, save_due=clock, progress=True, on_batch=after_batch
+            step,
+            batches,
+            0,
+            CPU,
+            epochs=1,
+            preemption=preemption,
+            save_due=clock,
+            on_batch=after_batch,
+            progress=True,
+            progress_seconds=1e9,  # longer than the epoch: the display reads the loss at its last batch and end only
         )
     display = (loop_module._describe,)
     waits = [w for w in counter.waits if not any(w.within(f) for f in display)]
