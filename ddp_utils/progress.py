@@ -198,10 +198,10 @@ class _TqdmProgress:
         options.setdefault("mininterval", self.interval)
         options.setdefault("file", sys.stderr)
         self.bar = tqdm(**options)
-        self.refreshed = 0.0
+        self.refreshed: float | None = None  # never yet: the first refresh is due at once, whatever the clock reads
 
     def due(self) -> bool:
-        if time.monotonic() - self.refreshed > self.interval:
+        if self.refreshed is None or time.monotonic() - self.refreshed > self.interval:
             self.refreshed = time.monotonic()
             return True
         return False
