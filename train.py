@@ -36,7 +36,7 @@ from ddp_utils.data import (
 )
 from ddp_utils.engine.checkpoint import load_pretrained
 from ddp_utils.engine.optim_setup import optimizer_from_hyp
-from ddp_utils.engine.resume import TrainState, find_resume, gather_losses
+from ddp_utils.engine.resume import TrainState, find_resume
 from ddp_utils.engine.run import Run, Training, add_yolov5_options, check_options, make_run_dir, record_run, start_run
 from ddp_utils.engine.run_report import epoch_line, finish_run, first_batches_plotter
 from ddp_utils.engine.trackers import TRACKERS, Trackers
@@ -45,6 +45,7 @@ from ddp_utils.yolo import (
     ComputeLoss,
     ForeignCheckpointError,
     Model,
+    ValidationInterrupted,
     class_maps,
     class_table,
     evaluate,
@@ -62,6 +63,7 @@ USER_ERRORS = (
     du.DistEnvError,
     DownloadError,  # offline, a dataset that is not here yet: one line naming the URL
 )
+DIVERGED_EXIT_CODE = 3  # training stopped because its steps stayed non-finite (last.pt: the last finite state)
 
 
 def parse_opt(argv: list[str] | bool | None = None) -> argparse.Namespace:
@@ -189,6 +191,8 @@ def main(opt: argparse.Namespace) -> None:
         # ---- epochs, then finish ----
         train(run, fit, device, info)
         finished = True
+    except engine.TrainingDiverged as exc:  # every rank alike, after last.pt was saved: one line, no traceback
+        du.distributed.exit_usage_error(f"train.py: {exc}", code=DIVERGED_EXIT_CODE)
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
 
@@ -260,69 +264,75 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     multi_scale = (run.imgsz, gs, opt.seed) if opt.multi_scale else None
     settings = dict(amp=run.amp, world_size=info.world_size, multi_scale=multi_scale, channels_last=channels_last)
     parts = (model, optim.optimizer, scaler, ema, compute_loss, optim.accumulate, optim.warmup)
-    step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)
+    step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)  # after every wrapper: see its guard
+    step.guard.counts[0] = state.skipped  # the run's skipped steps go on counting from a resume's
     return Training(step, optim.scheduler, train_loader, val_loader, labels, state)
 
 
 def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> dict:
-    """The epochs: train, validate, log, save; stop early, on a signal (save, requeue) or at the end.
+    """The epochs: train, validate, log, save; stop early, on a signal (save, requeue), when steps stay non-finite
+    (save the last finite state, raise TrainingDiverged), or at the end.
 
-    A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer
-    step: last.pt records the batch, and --resume continues at the next one, with any number of processes.
+    A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer step, or
+    cuts a validation short: last.pt records the batch, and --resume continues at the next one.
     """
     opt, step = run.opt, fit.step
-    logger, stopper, checkpoints = open_records(run, fit, info)
-    requeue = engine.signals.requeue_signal(opt.requeue_signal)  # checked by check_options
-    stop_signals = dict(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(requeue,) if requeue else ())
-    signalled = stop = False
-    with logger, engine.PreemptionHandler(**stop_signals) as preemption:  # an error: the trackers' runs FAILED
+    logger, stopper, checkpoints, control = open_records(run, fit, info)
+    stats, stop = None, False
+    with logger, control:  # an error: the trackers' runs FAILED
         for epoch in range(fit.state.epoch, run.epochs):
-            stats = train_epoch(run, fit, device, info, preemption, checkpoints)
-            if stats.stopped:  # every rank stopped after the same step (or at the epoch's end, not validated)
-                save_mid_epoch(stats, fit, checkpoints, info, stopped=True)
-                signalled = True
+            skipped = control.skipped
+            stats = train_epoch(run, fit, device, info, control, checkpoints)
+            if control.epoch_end(step):  # a signal in the epoch or its last step, or non-finite steps: save first
                 break
             lrs = [group["lr"] for group in step.optimizer.param_groups]
-            fit.scheduler.step()
             train_loss = du.reduce_tensor(stats.loss, op="mean").cpu()
-            metrics, val_loss = validate(run, fit, device, epoch)
+            try:
+                metrics, val_loss = validate(run, fit, device, epoch, control)
+            except ValidationInterrupted:  # a signal during validation: the trained epoch is saved, unvalidated
+                control.stop_anywhere()
+                break
+            fit.scheduler.step()
             stop = du.any_rank(bool(stopper(epoch, fitness(metrics))))
             best = fitness(metrics) >= fit.state.best_fitness
             maps = class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
-            fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps)
-            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs))
-            resumed = f"; resumed at epoch {epoch + 1}, batch {stats.start}/{stats.batch}" if stats.start else ""
-            du.LOGGER.info(epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size)) + resumed)
-            # a signal during validation: this epoch is saved whole, and the run stops before the next
-            signalled = preemption.requested_anywhere() and not stop and fit.state.epoch < run.epochs
-            if info.is_main and (not opt.nosave or epoch + 1 == run.epochs or stop or signalled):
-                parts = (epoch, step.model, step.ema, step.optimizer, step.scaler, fit.state.best_fitness)
-                checkpoints.save(*parts, best=best, state=fit.state)
-                if signalled:
-                    du.LOGGER.warning(stopped_line(fit.state, checkpoints.last))
-            if stop or signalled:
+            fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps, control.skipped)
+            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.skipped - skipped))
+            line = epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size))
+            du.LOGGER.info(line + notes(epoch, stats, control.skipped - skipped))
+            stats, stop = None, control.stop_anywhere() or stop  # a signal during the validation's last moments
+            if not opt.nosave or fit.state.epoch == run.epochs or stop:
+                save(fit, checkpoints, control, info, best=best)
+            if stop:
                 break
+        if control.reason is not None:  # last.pt of where training stopped, on disk before the process ends
+            stop_run(save(fit, checkpoints, control, info, stats) if stats else fit.state, checkpoints, control, info)
         checkpoints.wait()
-        if signalled and preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
-            engine.signals.requeue_job()
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
-    if info.is_main and not signalled:
+    stopped = control.reason is not None
+    if info.is_main and not stopped:
         finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not opt.noplots)
         logger.log_weights([checkpoints.best, checkpoints.last])
-    logger.close(finished=not signalled)
+    logger.close(finished=not stopped)
     return fit.state.metrics()[0]
 
 
-def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, preemption, checkpoints):
+def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, checkpoints):
     """One epoch, or what a resumed one has left: the loader starts at the batch to continue at."""
     opt, state = run.opt, fit.state
     if opt.image_weights:  # YOLOv5's --image-weights: rare and badly detected classes drawn more often
         fit.train_loader.set_image_weights(epoch_image_weights(fit.labels, run.nc, state.last_val.get("maps")))
     fit.train_loader.set_epoch(state.epoch, start_batch=state.batch)
     batches = DevicePrefetcher(fit.train_loader, device, fit.step.channels_last)  # on CUDA: copies overlap
+
+    def periodic_save(now: engine.EpochStats) -> None:  # every rank; rank 0 writes, in the background
+        saved = save(fit, checkpoints, control, info, now)
+        du.LOGGER.info(
+            f"saved {checkpoints.last} at {saved.where()} (training waited {checkpoints.blocked_seconds:.2f} s)"
+        )
+
     plot = first_batches_plotter(run.save_dir, run.names, info.is_main and state.epoch == 0 and not opt.noplots)
-    clock = checkpoints.save_due if info.is_main and not opt.nosave else None  # rank 0's; the poll tells every rank
     return engine.train_one_epoch(
         fit.step,
         batches,
@@ -331,43 +341,48 @@ def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo
         start=state.batch,
         loss=state.rank_loss(info.rank, info.world_size),
         epochs=run.epochs,
-        preemption=preemption,
-        save_due=clock,
-        on_save=lambda now: save_mid_epoch(now, fit, checkpoints, info),
+        control=control,
+        on_save=periodic_save,
         progress=info.is_main,
         on_batch=plot,
     )
 
 
-def save_mid_epoch(stats: engine.EpochStats, fit: Training, checkpoints, info: du.DistInfo, stopped=False) -> None:
-    """Every rank: last.pt at the batch ``stats`` reached (rank 0 writes; the others go on at once).
-
-    The ranks' running losses are gathered (a collective) so the epoch's mean loss comes out the same.
-    """
-    state = dataclasses.replace(
-        fit.state,
-        batch=stats.batch,
-        last_opt_step=fit.step.last_opt_step,
-        loss=gather_losses(stats.loss),
-        world_size=info.world_size,
-    )
-    if not info.is_main:
-        return
-    step, last = fit.step, checkpoints.last
-    parts = (state.epoch - 1, step.model, step.ema, step.optimizer, step.scaler, state.best_fitness)
-    checkpoints.save(*parts, periodic=False, state=state)
-    if stopped:
-        du.LOGGER.warning(stopped_line(state, last))
-    else:
-        du.LOGGER.info(f"saved {last} at {state.where()} (training waited {checkpoints.blocked_seconds:.2f} s)")
+def save(fit: Training, checkpoints, control, info: du.DistInfo, stats=None, best: bool = False) -> TrainState:
+    """Every rank: last.pt of where training stands, at ``stats``' batch when given (a collective: the ranks'
+    running losses are gathered); rank 0 writes it. Returns the state saved."""
+    state = fit.state_at(stats, info.world_size, control.skipped)
+    if info.is_main:
+        checkpoints.save(state, fit.step, best=best)
+    control.saved()
+    return state
 
 
-def stopped_line(state: TrainState, last: Path) -> str:
-    return f"stopped at {state.where()}: saved {last}; continue with: python train.py --resume {last}"
+def stop_run(state: TrainState, checkpoints, control, info: du.DistInfo) -> None:
+    """After the stop's save: wait until it is on disk, say so and how to continue; requeue; a divergence raises."""
+    written = checkpoints.wait()
+    last = checkpoints.last
+    saved = f"saved {last} in {checkpoints.write_seconds:.1f} s" if written else f"could not save {last} (see above)"
+    if control.reason == "diverged":
+        raise engine.TrainingDiverged(
+            f"training diverged at {state.where()}: {control.in_a_row} optimizer steps in a row had non-finite "
+            f"gradients ({control.skipped} skipped in all); {saved}, the last finite state; lower the learning "
+            "rate (hyp lr0) or look for bad labels"
+        )
+    if info.is_main:
+        du.LOGGER.warning(f"stopped at {state.where()}: {saved}; continue with: python train.py --resume {last}")
+    if control.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
+        engine.signals.requeue_job()
+
+
+def notes(epoch: int, stats: engine.EpochStats, skipped: int) -> str:
+    """The epoch line's notes: a resumed epoch, steps skipped for non-finite gradients."""
+    resumed = f"; resumed at epoch {epoch + 1}, batch {stats.start}/{stats.batch}" if stats.start else ""
+    return resumed + (f"; {skipped} optimizer step(s) skipped (non-finite gradients)" if skipped else "")
 
 
 def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
-    """results.csv, early stopping and the checkpoints (rank 0 writes), and the run's summary line."""
+    """results.csv, early stopping, the checkpoints (rank 0 writes), the run's control, and its summary line."""
     params = {"opt": run.options(), "hyp": run.hyp}
     trackers = Trackers(run.opt.trackers if info.is_main else [], run.save_dir, Path(run.opt.project), params)
     logger = engine.ResultsLogger(run.save_dir, fit.state.epoch, trackers=trackers, enabled=info.is_main)
@@ -376,23 +391,34 @@ def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
     stopper = engine.EarlyStopping(patience=run.opt.patience)
     if fit.state.best_epoch >= 0:  # a resumed run counts its patience from its best epoch
         stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
-    periods = dict(save_period=run.opt.save_period, interval_minutes=run.opt.save_interval, background=True)
-    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, **periods)
+    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, run.opt.save_period, background=True)
+    requeue = engine.signals.requeue_signal(run.opt.requeue_signal)  # checked by check_options
+    control = engine.StepControl(
+        signals=(signal.SIGTERM, signal.SIGINT),
+        requeue_signals=(requeue,) if requeue else (),
+        save_interval=0.0 if run.opt.nosave else run.opt.save_interval * 60,
+        keeps_clock=info.is_main,  # rank 0's clock; the per-step all-reduce tells every rank
+    )
     du.LOGGER.info(
         f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
         f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
         f"{run.epochs} epochs, logging to {run.save_dir}"
     )
-    return logger, stopper, checkpoints
+    return logger, stopper, checkpoints, control
 
 
-def validate(run: Run, fit: Training, device: torch.device, epoch: int) -> tuple[dict, torch.Tensor]:
-    """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones."""
+def validate(run: Run, fit: Training, device: torch.device, epoch: int, control) -> tuple[dict, torch.Tensor]:
+    """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones.
+
+    Raises:
+        ValidationInterrupted: a stop signal arrived on some rank (every rank raises it).
+    """
     final_epoch = epoch + 1 == run.epochs
     if run.opt.noval and not final_epoch:
         return fit.state.metrics()  # results.csv reports the last validation again, as YOLOv5's does
     fit.step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
-    metrics, val_loss = evaluate(fit.step.ema.ema, fit.val_loader, fit.step.compute_loss, device=device, verbose=False)
+    ema, loss = fit.step.ema.ema, fit.step.compute_loss
+    metrics, val_loss = evaluate(ema, fit.val_loader, loss, device=device, verbose=False, stop=control.stop_requested)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
         du.LOGGER.info(class_table(metrics, run.names, per_class=True if run.opt.verbose else None))
     return metrics, val_loss

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -192,8 +193,8 @@ def make_run(project: Path, epochs: int = 3, epoch_done: int = 0, name: str = "e
     model = nn.Linear(2, 1)
     checkpoints = Checkpointer(save_dir, opt=opt, hyp={"lr0": 0.01}, save_period=1)
     state = TrainState(epoch=epoch_done + 1, batches=8, batch_size=8)
-    checkpoints.save(epoch_done, model, ModelEMA(model), torch.optim.SGD(model.parameters(), lr=0.1), best=True,
-                     state=state)  # fmt: skip
+    training = SimpleNamespace(model=model, ema=ModelEMA(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    checkpoints.save(state, training, best=True)
     return save_dir
 
 

@@ -14,7 +14,9 @@ What lives where:
   ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
 - ``run.py``: one training run: the settled options (:class:`Run`), their checks, the run directory;
   ``run_report.py``: the epoch line and its parser, the first batches' plots, the finished run's last words.
-- ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> save and stop).
+- ``control.py``: :class:`StepControl`, per step go on / save / stop, the same on every rank (signals, the save
+  clock, non-finite steps); ``guard.py``: :class:`NonFiniteGuard` (a non-finite step skipped on the device).
+- ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> a flag).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
 - ``memory_format.py``: channels_last on CUDA; ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
@@ -44,8 +46,10 @@ from .checkpoint import (
     strip_optimizer,
     to_plain,
 )
+from .control import Action, StepControl
 from .early_stop import EarlyStopping
 from .ema import ModelEMA
+from .guard import NonFiniteGuard, TrainingDiverged
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
 from .loop import EpochStats, TrainStep, train_one_epoch
 from .memory_format import to_channels_last, use_channels_last
@@ -69,6 +73,10 @@ from .wrap import wrap_model
 
 __all__ = [
     "AMP_DTYPES",
+    "Action",
+    "NonFiniteGuard",
+    "StepControl",
+    "TrainingDiverged",
     "EpochStats",
     "TrainStep",
     "autobatch",

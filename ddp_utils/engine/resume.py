@@ -32,6 +32,7 @@ from ..log import LOGGER
 from .checkpoint import FOREIGN_KEY, CheckpointError, foreign_resume_message, load_pretrained, to_plain
 
 _EMPTY_VAL = {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}
+_TOP_LEVEL = ("epoch", "best_fitness")  # TrainState's fields that the checkpoint keeps at its top level only
 
 
 @dataclasses.dataclass
@@ -51,6 +52,10 @@ class TrainState:
         best_epoch: the epoch that reached it (early stopping counts from there).
         last_val: the last validation: ``metrics`` (precision, recall, map50, map), ``val_loss``
             (box, obj, cls) and ``maps`` (per-class mAP@0.5:0.95, what ``--image-weights`` draws by).
+        skipped: optimizer steps skipped so far in the run because their gradients were not finite.
+
+    The checkpoint keeps :attr:`epoch` and :attr:`best_fitness` once, at its top level (``epoch`` there is the
+    last epoch done: ``self.epoch - 1``); :meth:`as_dict` leaves them out of ``train_state``.
 
     Examples:
         >>> state = TrainState(epoch=2, batch=5, batches=8, batch_size=16, world_size=2)
@@ -70,20 +75,23 @@ class TrainState:
     best_fitness: float = 0.0
     best_epoch: int = -1
     last_val: dict[str, Any] = dataclasses.field(default_factory=dict)
+    skipped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain values for the checkpoint's ``train_state``."""
-        return to_plain(dataclasses.asdict(self))
+        """Plain values for the checkpoint's ``train_state``: all but :attr:`epoch` and :attr:`best_fitness`,
+        which the checkpoint holds once, as YOLOv5's does (``epoch``, the last epoch done, is ``self.epoch - 1``)."""
+        return to_plain({k: v for k, v in dataclasses.asdict(self).items() if k not in _TOP_LEVEL})
 
     @classmethod
     def from_checkpoint(cls, ckpt: Mapping[str, Any]) -> TrainState:
         """The state a checkpoint records; one from before ``train_state`` existed starts the epoch after its own."""
+        epoch = int(ckpt.get("epoch", -1))
+        top = dict(epoch=epoch + 1, best_fitness=float(ckpt.get("best_fitness", 0.0) or 0.0))
         recorded = ckpt.get("train_state")
         if isinstance(recorded, Mapping):
-            known = {f.name for f in dataclasses.fields(cls)}
-            return cls(**{k: v for k, v in recorded.items() if k in known})
-        epoch = int(ckpt.get("epoch", -1))
-        return cls(epoch=epoch + 1, best_fitness=float(ckpt.get("best_fitness", 0.0) or 0.0), best_epoch=epoch)
+            known = {f.name for f in dataclasses.fields(cls)} - set(_TOP_LEVEL)
+            return cls(**{k: v for k, v in recorded.items() if k in known}, **top)
+        return cls(**top, best_epoch=epoch)
 
     def where(self) -> str:
         """``"epoch 3, batch 12/24"`` (from 1, as the log counts epochs), or ``"epoch 3"`` at its start."""
@@ -102,7 +110,13 @@ class TrainState:
         return losses[rank] if world_size == len(self.loss) else losses.mean(0)
 
     def epoch_done(
-        self, last_opt_step: int, stopper: Any, metrics: Mapping[str, float], val_loss: torch.Tensor, maps: Any = None
+        self,
+        last_opt_step: int,
+        stopper: Any,
+        metrics: Mapping[str, float],
+        val_loss: torch.Tensor,
+        maps: Any = None,
+        skipped: int | None = None,
     ) -> TrainState:
         """The state once :attr:`epoch` is trained and validated: the next epoch, from its first batch.
 
@@ -112,6 +126,7 @@ class TrainState:
             metrics: the validation's precision, recall, map50, map.
             val_loss: its (box, obj, cls) loss.
             maps: per-class mAP@0.5:0.95 (``--image-weights`` draws the next epochs by it), or None.
+            skipped: the optimizer steps skipped so far in the run (None: as it was).
         """
         best = self.best_fitness if stopper.best_fitness is None else max(self.best_fitness, stopper.best_fitness)
         last_val = {
@@ -128,6 +143,7 @@ class TrainState:
             best_fitness=float(best),
             best_epoch=int(stopper.best_epoch),
             last_val=last_val,
+            skipped=self.skipped if skipped is None else int(skipped),
         )
 
     def metrics(self) -> tuple[dict[str, float], torch.Tensor]:

@@ -25,7 +25,7 @@ from ..log import LOGGER
 from .amp import resolve_amp
 from .loggers import increment_path, yaml_save
 from .loop import TrainStep
-from .resume import Resume, TrainState
+from .resume import Resume, TrainState, gather_losses
 from .signals import requeue_signal
 
 
@@ -214,6 +214,20 @@ class Training:
     val_loader: EpochLoader
     labels: list
     state: TrainState = dataclasses.field(default_factory=TrainState)
+
+    def state_at(self, stats: Any, world_size: int, skipped: int) -> TrainState:
+        """Where training stands now: :attr:`state`, at ``stats``' batch of its epoch when given (a mid-epoch save,
+        or an epoch trained but not validated). With ``stats``, a collective: every rank's running loss is gathered.
+
+        Args:
+            stats: the epoch's :class:`~ddp_utils.engine.EpochStats` so far, or None (the state at an epoch's end).
+            world_size: the processes training now (a resume reports a change of scale).
+            skipped: the optimizer steps skipped so far in the run (non-finite gradients).
+        """
+        now = dict(world_size=world_size, skipped=skipped)
+        if stats is not None:
+            now.update(batch=stats.batch, last_opt_step=self.step.last_opt_step, loss=gather_losses(stats.loss))
+        return dataclasses.replace(self.state, **now)
 
 
 def make_run_dir(project: str | Path, name: str, exist_ok: bool, info: DistInfo) -> Path:
