@@ -37,7 +37,16 @@ from ddp_utils.data import (
 from ddp_utils.engine.checkpoint import load_pretrained
 from ddp_utils.engine.optim_setup import optimizer_from_hyp
 from ddp_utils.engine.resume import TrainState, find_resume
-from ddp_utils.engine.run import Run, Training, add_yolov5_options, check_options, make_run_dir, record_run, start_run
+from ddp_utils.engine.run import (
+    Run,
+    Training,
+    add_yolov5_options,
+    check_options,
+    make_run_dir,
+    record_run,
+    start_run,
+    validate_options,
+)
 from ddp_utils.engine.run_report import epoch_line, finish_run, first_batches_plotter
 from ddp_utils.engine.trackers import TRACKERS, Trackers
 from ddp_utils.progress import PROGRESS_MODES, set_progress_mode
@@ -66,9 +75,12 @@ USER_ERRORS = (
 DIVERGED_EXIT_CODE = 3  # training stopped because its steps stayed non-finite (last.pt: the last finite state)
 
 
-def parse_opt(argv: list[str] | bool | None = None) -> argparse.Namespace:
-    """The options from ``argv`` (default: the command line); ``True``, as YOLOv5's ``parse_opt(known=True)``:
-    the command line's options that train.py knows, the rest ignored."""
+def parse_opt(argv: list[str] | bool | None = None, known: bool = False) -> argparse.Namespace:
+    """The options from ``argv`` (default: the command line).
+
+    ``known=True``, as YOLOv5's ``parse_opt(known=True)``: the options that train.py knows, the rest
+    ignored (``parse_opt(True)``, YOLOv5's positional form, means the same).
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--weights", default="", help="checkpoint to start from, ours or YOLOv5's ('' trains from scratch)")
@@ -84,7 +96,7 @@ def parse_opt(argv: list[str] | bool | None = None) -> argparse.Namespace:
         nargs="?",
         const=True,
         default=False,
-        help="resume the latest run, or the given <run>/weights/last.pt",
+        help="resume the latest run, or the given run directory (or its weights/last.pt)",
     )
     add("--nosave", action="store_true", help="only save the final checkpoint")
     add("--noval", action="store_true", help="only validate after the final epoch")
@@ -119,21 +131,28 @@ def parse_opt(argv: list[str] | bool | None = None) -> argparse.Namespace:
     add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
-    if isinstance(argv, bool):
-        return parser.parse_known_args()[0] if argv else parser.parse_args()
-    return parser.parse_args(argv)
+    if isinstance(argv, bool):  # YOLOv5's parse_opt(True)
+        argv, known = None, known or argv
+    return parser.parse_known_args(argv)[0] if known else parser.parse_args(argv)
 
 
 def run(**kwargs) -> argparse.Namespace:
     """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``: the command line's known
-    options with ``kwargs`` set over them, then :func:`main`; returns the options. A name that is not one of
-    train.py's options is refused, naming it (YOLOv5 would set it and ignore it)."""
-    opt = parse_opt(True)
+    options with ``kwargs`` set over them, then :func:`main`; returns the options.
+
+    Raises:
+        TypeError: a name that is not one of train.py's options (YOLOv5 would set it and ignore it).
+        ddp_utils.engine.OptionError: a value or combination the command line refuses (``imgsz=-5``, ``epochs=0``), a
+            ``ValueError`` naming the option (``exc.option``), raised here instead of the command line's
+            one line and exit code 2.
+    """
+    opt = parse_opt(known=True)
     unknown = sorted(set(kwargs) - set(vars(opt)))
     if unknown:
         raise TypeError(f"train.run: no option named {', '.join(unknown)} (python train.py --help lists them)")
     for name, value in kwargs.items():
         setattr(opt, name, value)
+    validate_options(opt, du.dist_info().world_size)
     main(opt)
     return opt
 

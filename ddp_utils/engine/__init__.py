@@ -12,7 +12,8 @@ What lives where:
   ``find_resume`` (find and check, before any write), ``restore_training``, ``latest_checkpoint``.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
   ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
-- ``run.py``: one training run: the settled options (:class:`Run`), their checks, the run directory;
+- ``run.py``: one training run: the settled options (:class:`Run`), their checks (a bad one is an
+  :class:`OptionError`, a ``ValueError`` naming the option), the run directory;
   ``run_report.py``: the epoch line and its parser, the first batches' plots, the finished run's last words.
 - ``control.py``: :class:`StepControl`, per step go on / save / stop, the same on every rank (signals, the save
   clock, non-finite steps); ``guard.py``: :class:`NonFiniteGuard` (a non-finite step skipped on the device).
@@ -67,7 +68,8 @@ from .optim import (
     smart_optimizer,
 )
 from .plots import class_color, plot_images, plot_labels, plot_results
-from .resume import TrainState, latest_checkpoint, restore_training
+from .resume import ResumeError, TrainState, latest_checkpoint, restore_training
+from .run import OptionError
 from .signals import PreemptionHandler
 from .wrap import wrap_model
 
@@ -97,8 +99,10 @@ __all__ = [
     "CheckpointWriteError",
     "EarlyStopping",
     "ModelEMA",
+    "OptionError",
     "PreemptionHandler",
     "ResultsLogger",
+    "ResumeError",
     "TrainState",
     "UnsafeCheckpointError",
     "Warmup",

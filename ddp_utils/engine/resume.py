@@ -214,10 +214,28 @@ def _recorded_options(run_dir: Path) -> dict[str, Any]:
     return recorded if isinstance(recorded, dict) else {}
 
 
+def run_checkpoint(path: str | Path) -> Path:
+    """What ``--resume PATH`` continues: a run directory (or its ``weights/``) means its ``weights/last.pt``.
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     (Path(tmp) / "exp" / "weights").mkdir(parents=True)
+        ...     [run_checkpoint(Path(tmp) / p).relative_to(tmp).as_posix() for p in ("exp", "exp/weights")]
+        ['exp/weights/last.pt', 'exp/weights/last.pt']
+        >>> run_checkpoint("runs/train/exp/weights/best.pt").as_posix()  # a file stays itself (and is refused later)
+        'runs/train/exp/weights/best.pt'
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    return path / "last.pt" if path.name == "weights" else path / "weights" / "last.pt"
+
+
 def _checkpoint_to_resume(opt: argparse.Namespace, info: DistInfo, run_key: str) -> Path | None:
     """Rank 0's choice: the given path, the project's newest last.pt, or an elastic restart's own."""
     if opt.resume:
-        return Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
+        return run_checkpoint(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
     if info.restart_count > 0:
         last = latest_checkpoint(opt.project, run_key=run_key)
         if last is None:
@@ -301,9 +319,9 @@ def _check_scale(path: Path, ckpt: Mapping[str, Any], info: DistInfo) -> None:
 def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, Any]) -> Resume | None:
     """What this launch continues, checked before anything is written (rank 0 decides, all follow).
 
-    With ``--resume`` (a path, or the project's newest ``last.pt``), or by itself on an elastic
-    restart (torchrun ``--max-restarts``, a SLURM requeue), which finds its own run by the launch
-    key recorded in ``opt.yaml``. Every rank raises the same error, or none. The run may resume
+    With ``--resume`` (a run directory, its ``weights/last.pt``, or the project's newest ``last.pt``),
+    or by itself on an elastic restart (torchrun ``--max-restarts``, a SLURM requeue), which finds its
+    own run by the launch key recorded in ``opt.yaml``. Every rank raises the same error, or none. The run may resume
     with another number of processes than it was saved with, when they divide its total batch.
 
     Args:
@@ -315,7 +333,7 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
         The run to continue (see :attr:`Resume.finished`), or None for a new run.
 
     Raises:
-        FileNotFoundError: the checkpoint is missing.
+        FileNotFoundError: the checkpoint is missing (a run directory given: its ``weights/last.pt``).
         ResumeError: not a run's ``weights/last.pt``, a copy outside its run, stripped, foreign, without
             options, or a total batch this number of processes cannot share.
         CheckpointError: not a checkpoint file.
@@ -329,7 +347,13 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
         return None
     last = Path(last)
     if not exists:
-        raise FileNotFoundError(f"--resume {last}: no such checkpoint; give the path of a run's weights/last.pt")
+        given = opt.resume if isinstance(opt.resume, str) else None
+        if given is not None and Path(given) != last:  # a directory: the run's last.pt is not there
+            raise FileNotFoundError(
+                f"--resume {given}: a directory without {last.relative_to(given).as_posix()}; give a run's "
+                "directory or its weights/last.pt"
+            )
+        raise FileNotFoundError(f"--resume {last}: no such checkpoint; give a run's directory or its weights/last.pt")
     _check_location(last)
     if all(all_gather_object(last.is_file())):
         ckpt = load_pretrained(last)
@@ -408,4 +432,5 @@ __all__ = [
     "gather_losses",
     "latest_checkpoint",
     "restore_training",
+    "run_checkpoint",
 ]
