@@ -12,8 +12,9 @@ What lives where:
   ``find_resume`` (find and check, before any write), ``restore_training``, ``latest_checkpoint``.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
   ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
-- ``run.py``: one training run: the settled options (:class:`Run`), their checks (a bad one is an
-  :class:`OptionError`, a ``ValueError`` naming the option), the run directory;
+- ``options.py``: train.py's options and their checks (a bad one is an :class:`OptionError`, a ``ValueError``
+  naming the option), user mistakes as one line; ``run.py``: one training run: the settled options
+  (:class:`Run`), the run directory, what its epochs work with (:class:`~ddp_utils.engine.run.Training`);
   ``run_report.py``: the epoch line and its parser, the first batches' plots, the finished run's last words.
 - ``control.py``: :class:`StepControl`, per step go on / save / stop, the same on every rank (signals, the save
   clock, non-finite steps); ``guard.py``: :class:`NonFiniteGuard` (a non-finite step skipped on the device).
@@ -67,9 +68,9 @@ from .optim import (
     scaled_weight_decay,
     smart_optimizer,
 )
+from .options import OptionError
 from .plots import class_color, plot_images, plot_labels, plot_results
 from .resume import ResumeError, TrainState, latest_checkpoint, restore_training
-from .run import OptionError
 from .signals import PreemptionHandler
 from .wrap import wrap_model
 

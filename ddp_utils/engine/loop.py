@@ -40,7 +40,9 @@ class TrainStep:
 
     Args:
         model: the model being trained (DDP-wrapped or not).
-        optimizer, scaler, ema: the optimizer, a GradScaler (disabled unless fp16), the EMA.
+        optimizer: the optimizer.
+        scaler: a GradScaler (disabled unless fp16).
+        ema: the :class:`~ddp_utils.engine.ModelEMA`.
         compute_loss: ``(pred, targets) -> (loss, loss_items)``.
         accumulate: the target number of batches per optimizer step (nominal batch / batch).
         warmup: ramps lr, momentum and accumulation; None for none.

@@ -417,6 +417,29 @@ def restore_training(
     return TrainState.from_checkpoint(ckpt)
 
 
+def start_state(
+    resume: Resume | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: Any,
+    scaler: Any,
+    batches: int,
+    batch_size: int,
+) -> TrainState:
+    """Where training starts: a new run's first batch, or a resumed run put back (:func:`restore_training`) at the
+    batch it stopped at, with ``batches`` per epoch and ``batch_size`` images per step in total now.
+
+    A resumed epoch whose batches per epoch changed (another dataset or batch size) starts again at its first.
+    """
+    state = TrainState()
+    if resume is not None:
+        state = restore_training(resume.ckpt, model, optimizer, ema, scaler)
+        if state.batch and state.batches != batches:
+            LOGGER.warning(f"the run stopped at {state.where()}, but an epoch has {batches} batches now")
+            state.batch = 0
+    return dataclasses.replace(state, batches=batches, batch_size=batch_size)
+
+
 def gather_losses(loss: torch.Tensor) -> list[list[float]]:
     """Every rank's running loss, in rank order (a collective: every rank calls it); ``[loss]`` without a group."""
     return [list(map(float, item)) for item in all_gather_object(loss.detach().float().cpu().tolist())]

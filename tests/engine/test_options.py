@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from ddp_utils.engine import run as run_module
-from ddp_utils.engine.run import OptionError, batch_image_bytes, check_options, yolov5_option_notes
+from ddp_utils.engine import options as options_module
+from ddp_utils.engine.options import OptionError, batch_image_bytes, check_options, yolov5_option_notes
 from train import parse_opt
 
 
@@ -96,7 +96,7 @@ def test_train_run_from_python_raises_a_value_error_naming_the_option(monkeypatc
 
 
 def test_an_image_size_whose_batch_the_host_cannot_hold_is_refused(monkeypatch):
-    monkeypatch.setattr(run_module, "mem_available", lambda: 2 * 2**30)  # a host with 2 GiB to spare
+    monkeypatch.setattr(options_module, "mem_available", lambda: 2 * 2**30)  # a host with 2 GiB to spare
     check_options(parse_opt(["--imgsz", "640", "--device", "cpu"]), world_size=1)  # 94 MiB: fits
     with pytest.raises(
         OptionError, match=r"^--imgsz 4096: one batch of 16 images .* needs at least 3.8 GiB .* 2.0 GiB"
