@@ -19,9 +19,10 @@ class Checkpointer:
 
     Each :meth:`save` builds the checkpoint once (EMA weights, the raw training weights,
     optimizer, scaler, options, hyperparameters, the ``TrainState``) as a snapshot in host
-    memory, serialises it once, and writes the same bytes atomically to every file that is due:
-    at once, or in a background thread (``background=True``: the caller goes on after the copy;
-    :meth:`wait` for the files). Call it on the process that writes (rank 0).
+    memory, serialises it once, straight into ``last.pt``'s temp file, and gives every other file
+    that is due the same bytes (a hard link, else a copy), each atomically: at once, or in a
+    background thread (``background=True``: the caller goes on after the copy; :meth:`wait` for the
+    files, and whether they landed). Call it on the process that writes (rank 0).
 
     Args:
         save_dir: the run directory; files go to ``save_dir/weights``.
@@ -103,8 +104,9 @@ class Checkpointer:
             The paths written (or being written, in the background).
 
         Raises:
-            CheckpointWriteError: a write failed (with ``background``: an earlier one, raised here);
-                the previous file there is intact.
+            CheckpointWriteError: without ``background``, a write failed (the previous file there is
+                intact). With ``background`` a failed write is never raised: the writer thread warns
+                at once, this save and the next are written as usual, and :meth:`wait` returns False.
         """
         started = time.perf_counter()
         enabled = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
@@ -130,11 +132,12 @@ class Checkpointer:
         self.blocked_seconds = time.perf_counter() - started
         return paths
 
-    def wait(self) -> None:
-        """Return when every save is on disk (at once without ``background``).
+    def wait(self) -> bool:
+        """Return, when every save is written or has failed, whether the last one is on disk.
 
-        Raises:
-            CheckpointWriteError: a background write failed.
+        Returns:
+            True when the last save landed (always, without ``background``: an inline save that fails
+            raises instead), False when a background write failed (already warned about;
+            ``writer.last_error`` holds it). ``writer.last_seconds`` is how long it took in its thread.
         """
-        if self.writer is not None:
-            self.writer.wait()
+        return self.writer.wait() if self.writer is not None else True
