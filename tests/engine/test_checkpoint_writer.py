@@ -163,6 +163,7 @@ def test_a_save_holds_no_serialised_copy_in_memory(tmp_path, how, bound):
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     ratio = measured["added_kib"] * 1024 / measured["file_bytes"]
+    print(f"{how}: the save added {ratio:.2f}x its {measured['file_bytes'] / 2**20:.0f} MiB file at its peak")
     assert measured["file_bytes"] > 140 * 2**20
     assert ratio < bound, f"one save ({how}) added {ratio:.2f}x its {measured['file_bytes'] / 2**20:.0f} MiB file"
     weights = tmp_path / "weights"

@@ -232,6 +232,6 @@ def save_peak(directory: str, megabytes: str, how: str) -> None:
         write_serialised(snapshot, checkpoints.targets(0, best=True))
     else:
         checkpoints.save(0, model, ema, optimizer, best=True)
-        assert checkpoints.wait()
+        assert checkpoints.wait() is not False  # (None before wait() told)
     added = _peak_kib() - before
     print(json.dumps({"added_kib": added, "file_bytes": checkpoints.last.stat().st_size}), flush=True)
