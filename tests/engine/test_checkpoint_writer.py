@@ -158,7 +158,15 @@ def test_a_temp_file_of_a_killed_save_is_removed_by_the_next_save_of_that_file(t
     ],
 )
 def test_a_save_holds_no_serialised_copy_in_memory(tmp_path, how, bound):
-    cmd = [sys.executable, "-m", "tests.multiproc", "tests.workers.engine_scenarios:save_peak", str(tmp_path), "150", how]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.multiproc",
+        "tests.workers.engine_scenarios:save_peak",
+        str(tmp_path),
+        "150",
+        how,
+    ]
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=launcher_env(), capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])

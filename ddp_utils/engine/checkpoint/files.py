@@ -22,6 +22,7 @@ import torch
 from ...files import mkstemp_shared
 from ...log import LOGGER
 from .format import CheckpointError, CheckpointWriteError, UnsafeCheckpointError, check_plain
+from .integrity import check_integrity
 
 _COPY_CHUNK = 16 * 2**20  # bytes per read where a further file of a save is copied, not linked
 
@@ -253,8 +254,12 @@ class BackgroundWriter:
             write_serialised(ckpt, paths)
             self._landed = True
         except Exception as exc:  # whatever it is, the run goes on and the next save is tried
-            error = exc if isinstance(exc, CheckpointWriteError) else CheckpointWriteError(
-                errno.EIO, f"could not save checkpoint {paths[0]}: {type(exc).__name__}: {exc}"
+            error = (
+                exc
+                if isinstance(exc, CheckpointWriteError)
+                else CheckpointWriteError(
+                    errno.EIO, f"could not save checkpoint {paths[0]}: {type(exc).__name__}: {exc}"
+                )
             )
             self.last_error = error
             self.failures += 1
@@ -306,13 +311,23 @@ def _what_file(path: Path) -> str:
     if size == 0:
         return "the file is empty"
     if head.startswith(b"PK\x03\x04"):
-        return f"a zip archive of {size} bytes without a torch checkpoint in it, or one cut short"
+        return f"a zip archive of {size} bytes without a torch checkpoint in it"
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError:
         return f"{size} bytes of binary data that torch cannot read (truncated, or another format)"
     first = text.strip().splitlines()[0][:40] if text.strip() else ""
     return f'a text file of {size} bytes beginning "{first}"'
+
+
+def _raise_if_damaged(path: Path, error: BaseException) -> None:
+    """Raise :class:`DamagedCheckpointError` from ``error`` when ``path`` is a checkpoint archive that is not whole."""
+    try:
+        check_integrity(path)
+    except OSError:  # gone or unreadable since: the loader's own error says enough
+        return
+    except CheckpointError as damaged:
+        raise damaged from error
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool = False) -> dict[str, Any]:
@@ -331,7 +346,10 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
     Raises:
         FileNotFoundError: there is no such file.
         UnsafeCheckpointError: the file needs unpickling and ``trusted`` is False.
-        CheckpointError: the file is empty, truncated or not a torch checkpoint.
+        DamagedCheckpointError: the file is a checkpoint that is not whole: empty, cut short, or with
+            bytes changed (a :class:`CheckpointError`; found when the load fails: a change inside a
+            tensor loads without error, :func:`~ddp_utils.engine.checkpoint.check_integrity` finds it).
+        CheckpointError: not a torch checkpoint.
     """
     path = Path(path)
     if not path.is_file():
@@ -339,6 +357,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
+        _raise_if_damaged(path, exc)  # changed bytes in its pickle read as a refused object
         if not trusted:
             raise UnsafeCheckpointError(
                 f"checkpoint {path} contains arbitrary Python objects{_unsupported_global(str(exc))}, "
@@ -348,8 +367,12 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
                 "you trust, load_checkpoint(path, trusted=True)."
             ) from None
         unsafe = exc
-    except (RuntimeError, EOFError, KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
-        # torch's unpickler on a text file raises whatever the first bytes make it do ("KeyError: 101")
+    except (RuntimeError, EOFError, KeyError, IndexError, ValueError, TypeError, AttributeError, OSError) as exc:
+        # torch's unpickler on a text file raises whatever the first bytes make it do ("KeyError: 101"),
+        # its zip reader an OSError (EINVAL) on some archives cut short
+        _raise_if_damaged(path, exc)
+        if isinstance(exc, OSError):  # a read error, not the file's content
+            raise
         raise CheckpointError(f"checkpoint {path} is not a torch checkpoint: {_what_file(path)}") from exc
     warnings.warn(
         f"loading {path} with weights_only=False because trusted=True: it holds pickled Python objects"
