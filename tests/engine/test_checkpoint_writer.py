@@ -186,3 +186,21 @@ def test_background_writer_on_its_own_reports_through_wait(tmp_path):
     with pytest.raises(TypeError, match="Path"):  # not plain: refused in the caller's thread, before any write
         writer.submit({"opt": Path("x")}, [tmp_path / "a" / "last.pt"])
     assert load_checkpoint(tmp_path / "a" / "last.pt")["epoch"] == 1
+
+
+def test_an_unexpected_error_in_the_writer_thread_is_reported_as_a_failed_save(tmp_path, monkeypatch, caplog):
+    from ddp_utils.engine.checkpoint import files
+
+    def broken(ckpt, paths):
+        raise ValueError("a bug, not the disk")
+
+    monkeypatch.setattr(files, "write_serialised", broken)
+    writer = BackgroundWriter()
+    with caplog.at_level(logging.WARNING, logger="ddp_utils"):
+        writer.submit({"epoch": 1}, [tmp_path / "last.pt"])
+        assert writer.wait() is False
+    assert writer.failures == 1 and writer.last_error.errno == errno.EIO
+    assert caplog.messages == [
+        f"could not save checkpoint {tmp_path / 'last.pt'}: ValueError: a bug, not the disk; "
+        "training goes on, the next save is tried as usual"
+    ]

@@ -253,17 +253,13 @@ class BackgroundWriter:
         try:
             write_serialised(ckpt, paths)
             self._landed = True
-        except Exception as exc:  # whatever it is, the run goes on and the next save is tried
-            error = (
-                exc
-                if isinstance(exc, CheckpointWriteError)
-                else CheckpointWriteError(
-                    errno.EIO, f"could not save checkpoint {paths[0]}: {type(exc).__name__}: {exc}"
-                )
-            )
-            self.last_error = error
+        except Exception as exc:  # whatever it is, training goes on and the next save is tried
+            if not isinstance(exc, CheckpointWriteError):  # not the disk (those come wrapped): said the same way
+                reason = f"{type(exc).__name__}: {exc}"
+                exc = CheckpointWriteError(errno.EIO, f"could not save checkpoint {paths[0]}: {reason}")
+            self.last_error = exc
             self.failures += 1
-            LOGGER.warning(f"{error.strerror}; training goes on, the next save is tried as usual")
+            LOGGER.warning(f"{exc.strerror}; training goes on, the next save is tried as usual")
         finally:
             self.last_seconds = time.perf_counter() - start
 
