@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -287,6 +288,24 @@ def test_a_missing_last_pt_is_refused(tmp_path):
     missing = tmp_path / "runs" / "exp" / "weights" / "last.pt"
     before = snapshot(tmp_path)
     assert_refused(resume(missing, tmp_path), str(missing), "no such checkpoint")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_damaged_last_pt_is_one_line_naming_the_last_good_checkpoint_and_nothing_is_written(tmp_path):
+    save_dir = make_run(tmp_path / "runs", epochs=5, epoch_done=0)  # last.pt, best.pt, epoch0.pt: one save
+    opt = yaml.safe_load((save_dir / "opt.yaml").read_text())
+    model = nn.Linear(2, 1)
+    checkpoints = Checkpointer(save_dir, opt=opt, hyp={"lr0": 0.01}, save_period=1)  # epoch 2: last.pt, epoch1.pt
+    checkpoints.save(1, model, ModelEMA(model), torch.optim.SGD(model.parameters(), lr=0.1),
+                     state=TrainState(epoch=2, batches=8, batch_size=8))  # fmt: skip
+    last = save_dir / "weights" / "last.pt"
+    os.truncate(last, last.stat().st_size // 2)  # cut short on the storage (epoch1.pt, the same bytes, with it)
+    before = snapshot(tmp_path)
+    result = resume(last, tmp_path)
+    assert_refused(result, f"--resume {last}: the checkpoint is damaged (cut short at ", "python train.py --resume")
+    good = re.search(r"the run's (\S+) \(epoch 1 done, saved [^)]+\) loads: continue from it with `mv ", result.stderr)
+    assert good and Path(good.group(1)).name in ("best.pt", "epoch0.pt"), result.stderr
     assert snapshot(tmp_path) == before
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from ..distributed import DistInfo, all_gather_object, broadcast_object, launch_key
 from ..distributed.parallel import de_parallel
 from ..log import LOGGER
-from .checkpoint import FOREIGN_KEY, CheckpointError, foreign_resume_message, load_pretrained, to_plain
+from .checkpoint import FOREIGN_KEY, CheckpointError, foreign_resume_message, integrity, load_pretrained, to_plain
 
 _EMPTY_VAL = {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}
 _TOP_LEVEL = ("epoch", "best_fitness")  # TrainState's fields that the checkpoint keeps at its top level only
@@ -336,7 +336,8 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
         FileNotFoundError: the checkpoint is missing (a run directory given: its ``weights/last.pt``).
         ResumeError: not a run's ``weights/last.pt``, a copy outside its run, stripped, foreign, without
             options, or a total batch this number of processes cannot share.
-        CheckpointError: not a checkpoint file.
+        CheckpointError: not a checkpoint file, or a damaged one (cut short, bytes changed): the message
+            names the run's last good checkpoint and how to continue from it.
     """
     run_key = launch_key(info)
     last = _checkpoint_to_resume(opt, info, run_key) if info.is_main else None
@@ -355,10 +356,7 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
             )
         raise FileNotFoundError(f"--resume {last}: no such checkpoint; give a run's directory or its weights/last.pt")
     _check_location(last)
-    if all(all_gather_object(last.is_file())):
-        ckpt = load_pretrained(last)
-    else:  # nodes without a shared file system get rank 0's copy
-        ckpt = broadcast_object(load_pretrained(last) if info.is_main else None)
+    ckpt = _load_whole(last, opt, info)
     check_resumable(last, ckpt)
     check_run_directory(last, ckpt)
     _check_scale(last, ckpt, info)
@@ -369,6 +367,54 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
     else:
         LOGGER.info(f"resuming {resume.save_dir} at {resume.state.where()}{_scale_change(resume, info)}")
     return resume
+
+
+def _load_whole(last: Path, opt: argparse.Namespace, info: DistInfo) -> dict[str, Any]:
+    """``last`` loaded on every rank once rank 0 found it whole (every record against its CRC-32: a changed
+    byte in a tensor would load without error); else every rank raises the same one line (:func:`_unloadable`)."""
+    shared = all(all_gather_object(last.is_file()))
+    outcome: Any = None  # rank 0's copy for nodes without a shared file system, or what is wrong
+    if info.is_main:
+        try:
+            integrity.check_integrity(last)
+            outcome = None if shared else load_pretrained(last)
+        except CheckpointError as exc:
+            outcome = _unloadable(last, exc, opt, info)
+    outcome = broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise CheckpointError(outcome)
+    if not shared:
+        return outcome
+    try:
+        return load_pretrained(last)
+    except CheckpointError as exc:  # not even an archive (text, zeros): every rank reads it alike
+        raise CheckpointError(_unloadable(last, exc, opt, info)) from None
+
+
+def _unloadable(last: Path, exc: CheckpointError, opt: argparse.Namespace, info: DistInfo) -> str:
+    """One line for a ``last.pt`` that does not load: what is wrong, and the run's checkpoint to continue from."""
+    lead = f"--resume {last}" if opt.resume else f"elastic restart {info.restart_count} from {last}"
+    damaged = isinstance(exc, integrity.DamagedCheckpointError)
+    what = f"the checkpoint is damaged ({exc.detail})" if damaged else str(exc)
+    others = sorted(p for p in last.parent.glob("*.pt") if p.name != last.name)
+    found = integrity.last_good_checkpoint(others, _progress)
+    if found is None:
+        weights = integrity.last_good_checkpoint(others, _progress, resumable=False)
+        start = f"start a new run from its weights with --weights {weights[0]}" if weights else "start again"
+        return f"{lead}: {what}; no other checkpoint of this run can resume it: {start}"
+    path, ckpt = found
+    state = TrainState.from_checkpoint(ckpt)
+    when = f"epoch {state.epoch} done" if state.batch == 0 else f"at {state.where()}"
+    saved = f", saved {ckpt['date']}" if ckpt.get("date") else ""
+    # moved aside, not written into: the files of one save may share their bytes (hard links)
+    return (
+        f"{lead}: {what}; the run's {path} ({when}{saved}) loads: continue from it with "
+        f"`mv {last} {last}.damaged && cp {path} {last}` then `python train.py --resume {last}`"
+    )
+
+
+def _progress(ckpt: Mapping[str, Any]) -> tuple[int, int]:
+    return dataclasses.astuple(TrainState.from_checkpoint(ckpt))[:2]  # (epoch, batch): how far it is
 
 
 def _scale_change(resume: Resume, info: DistInfo) -> str:

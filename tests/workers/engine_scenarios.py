@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -16,6 +17,7 @@ from ddp_utils.engine import (
     EarlyStopping,
     ModelEMA,
     PreemptionHandler,
+    TrainState,
     build_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -162,3 +164,43 @@ def no_sync_matches_synced(steps: str = "8", accumulate: str = "4") -> None:
     record.update(optimizer_steps=step.optimizer_steps, skipping_calls=skipping["calls"], synced_calls=synced["calls"])
     print(json.dumps(record))
     du.cleanup()
+
+
+def _peak_kib() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def save_peak(directory: str, megabytes: str, how: str) -> None:
+    """Print the peak resident memory one save adds (KiB) and its file's size (bytes), as JSON.
+
+    ``how``: "checkpointer" (snapshot and write, inline), "background" (the same in the writer thread),
+    or "write" (write_serialised of a snapshot made beforehand). Each saves ``megabytes`` of tensors
+    (the checkpoint holds them three times: EMA, training weights, momentum) to last.pt, best.pt and epoch0.pt.
+    """
+    import gc
+
+    from ddp_utils.engine import Checkpointer
+    from ddp_utils.engine.checkpoint.files import write_serialised
+
+    torch.set_num_threads(1)
+    numel = int(float(megabytes) * 2**20 / 4 / 3 / 8)  # eight tensors, each stored three times
+    model = nn.ParameterList([nn.Parameter(torch.randn(numel)) for _ in range(8)])
+    ema = ModelEMA(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sum(p.sum() for p in model).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    checkpoints = Checkpointer(directory, opt={"epochs": 1}, save_period=1, background=how == "background")
+    snapshot = build_checkpoint(ema.ema, train_model=model, optimizer=optimizer) if how == "write" else None
+    gc.collect()
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")  # the peak so far becomes the current size: what follows is the save's alone
+    before = _peak_kib()
+    if snapshot is not None:
+        write_serialised(snapshot, checkpoints.targets(0, best=True))
+    else:
+        checkpoints.save(TrainState(epoch=1), SimpleNamespace(model=model, ema=ema, optimizer=optimizer), best=True)
+        assert checkpoints.wait()
+    added = _peak_kib() - before
+    print(json.dumps({"added_kib": added, "file_bytes": checkpoints.last.stat().st_size}), flush=True)

@@ -36,6 +36,8 @@ reads back, and how, is in :mod:`ddp_utils.engine.resume`.
 - ``format.py``: the keys, plain values (:func:`to_plain`, :func:`check_plain`), :func:`build_checkpoint`,
   :func:`to_host`; the errors.
 - ``files.py``: atomic and background writes, :func:`save_checkpoint`, :func:`load_checkpoint`.
+- ``integrity.py``: :func:`check_integrity` (cut short, or bytes changed: every record against its
+  CRC-32), :func:`last_good_checkpoint` (a run's furthest file that is whole and resumes).
 - ``strip.py``: :func:`strip_optimizer`, ours and YOLOv5's layout.
 - ``pretrained.py``: :func:`load_pretrained`, :func:`convert_yolov5_checkpoint`.
 - ``checkpointer.py``: :class:`Checkpointer`.
@@ -59,6 +61,7 @@ from .format import (
     to_host,
     to_plain,
 )
+from .integrity import DamagedCheckpointError, check_integrity, last_good_checkpoint
 from .pretrained import (
     FOREIGN_KEY,
     convert_yolov5_checkpoint,
@@ -75,13 +78,16 @@ __all__ = [
     "CheckpointError",
     "CheckpointWriteError",
     "Checkpointer",
+    "DamagedCheckpointError",
     "UnsafeCheckpointError",
     "atomic_torch_save",
     "atomic_write_bytes",
     "build_checkpoint",
+    "check_integrity",
     "check_plain",
     "convert_yolov5_checkpoint",
     "foreign_resume_message",
+    "last_good_checkpoint",
     "load_checkpoint",
     "load_pretrained",
     "save_checkpoint",

@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...log import LOGGER
 from .files import BackgroundWriter, write_serialised
-from .format import CheckpointWriteError, build_checkpoint, check_plain, to_plain
+from .format import build_checkpoint, check_plain, to_plain
 
 
 class Checkpointer:
@@ -17,10 +16,11 @@ class Checkpointer:
 
     Each :meth:`save` builds the checkpoint once (EMA weights, the raw training weights,
     optimizer, scaler, options, hyperparameters, where training stands) as a snapshot in host
-    memory and writes it to every file that is due: at once, or in a background thread
-    (``background=True``: the caller goes on after the copy; :meth:`wait` for the files). Call it
-    on the process that writes (rank 0). When periodic saves are due is the run's control's
-    business (:class:`~ddp_utils.engine.control.StepControl`), not this class's.
+    memory, serialises it once, straight into ``last.pt``'s temp file, and gives every other file
+    that is due the same bytes (a hard link, else a copy), each atomically: at once, or in a
+    background thread (``background=True``: the caller goes on after the copy; :meth:`wait` for the
+    files, and whether they landed). Call it on the process that writes (rank 0). When periodic saves
+    are due is the run's control's business (:class:`~ddp_utils.engine.control.StepControl`).
 
     Args:
         save_dir: the run directory; files go to ``save_dir/weights``.
@@ -84,8 +84,9 @@ class Checkpointer:
             The paths written (or being written, in the background).
 
         Raises:
-            CheckpointWriteError: an inline write failed; the previous file there is intact. A background
-                write's failure is a warning from the writer instead (:meth:`wait` says whether it landed).
+            CheckpointWriteError: without ``background``, a write failed (the previous file there is
+                intact). With ``background`` a failed write is never raised: the writer thread warns
+                at once, this save and the next are written as usual, and :meth:`wait` returns False.
         """
         started = time.perf_counter()
         scaler = getattr(training, "scaler", None)
@@ -113,18 +114,14 @@ class Checkpointer:
         return paths
 
     def wait(self) -> bool:
-        """Return when every save is on disk (at once without ``background``): True when the last one landed.
+        """Return, when every save is written or has failed, whether the last one is on disk.
 
-        A background write that failed was already reported as a warning, naming the file and the error.
+        Returns:
+            True when the last save landed (always, without ``background``: an inline save that fails
+            raises instead), False when a background write failed (already warned about;
+            ``writer.last_error`` holds it). ``writer.last_seconds`` is how long it took in its thread.
         """
-        if self.writer is None:
-            return True
-        try:
-            self.writer.wait()
-        except CheckpointWriteError as exc:
-            LOGGER.warning(str(exc))
-            return False
-        return True
+        return self.writer.wait() if self.writer is not None else True
 
     @property
     def write_seconds(self) -> float:

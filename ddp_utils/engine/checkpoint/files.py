@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
-import io
 import os
 import pickle
 import re
+import secrets
+import shutil
 import threading
 import time
 import warnings
@@ -21,6 +22,9 @@ import torch
 from ...files import mkstemp_shared
 from ...log import LOGGER
 from .format import CheckpointError, CheckpointWriteError, UnsafeCheckpointError, check_plain
+from .integrity import check_integrity
+
+_COPY_CHUNK = 16 * 2**20  # bytes per read where a further file of a save is copied, not linked
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -87,17 +91,23 @@ def atomic_write_bytes(data: bytes, path: str | Path) -> Path:
     return _atomic_write(path, lambda f: f.write(data))
 
 
-def _atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
+def _atomic_write(path: str | Path, write: Callable[[BinaryIO], Any], same_as: Path | None = None) -> Path:
+    """Fill a temp file beside ``path`` with ``write`` (or hard-link ``same_as``, a finished file, to one), then
+    fsync it, rename it over ``path`` and fsync the directory; a failure removes the temp file."""
     path = Path(path)
     tmp_name: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(path)
-        fd, tmp_name = mkstemp_shared(path.parent, prefix=f".{path.name}.{os.getpid()}.")
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        prefix = f".{path.name}.{os.getpid()}."
+        if same_as is not None:
+            tmp_name = _link_temp(same_as, path.parent, prefix)  # its bytes are fsynced already
+        if tmp_name is None:
+            fd, tmp_name = mkstemp_shared(path.parent, prefix=prefix)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp_name, path)
     except BaseException as exc:
         if tmp_name is not None:
@@ -112,6 +122,29 @@ def _atomic_write(path: str | Path, write: Callable[[BinaryIO], Any]) -> Path:
         raise CheckpointWriteError(code, f"could not save checkpoint {path}: {reason}; {kept}") from exc
     _fsync_dir(path.parent)
     return path
+
+
+def _link_temp(source: Path, directory: Path, prefix: str) -> str | None:
+    """A new hard link to ``source`` named like a temp file of ``directory``; None where links fail (another
+    device, a file system without them), and the caller copies instead."""
+    for _ in range(100):
+        name = os.path.join(directory, f"{prefix}{secrets.token_hex(4)}.tmp")
+        try:
+            os.link(source, name)
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        return name
+    return None
+
+
+def _copy_from(source: Path) -> Callable[[BinaryIO], Any]:
+    def copy(f: BinaryIO) -> None:
+        with open(source, "rb") as src:
+            shutil.copyfileobj(src, f, _COPY_CHUNK)
+
+    return copy
 
 
 def save_checkpoint(ckpt: Mapping[str, Any], path: str | Path) -> Path:
@@ -135,18 +168,34 @@ def save_checkpoint(ckpt: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def write_serialised(ckpt: Mapping[str, Any], paths: Sequence[str | Path]) -> list[Path]:
-    """``torch.save`` a checkpoint once and write the same bytes atomically to every path, in order.
+    """``torch.save`` a checkpoint once, streamed into the first path's temp file, and give every further path the
+    same bytes; each path atomically (temp file, fsync, rename, directory fsync), in order.
 
-    The caller checks it first (:func:`~ddp_utils.engine.checkpoint.check_plain`): a background save
-    checks in its caller's thread, before handing over.
+    No serialised copy is held in memory: ``torch.save`` writes each tensor of the snapshot straight
+    to the file. A further path (``best.pt``, ``epochN.pt`` beside ``last.pt``) is a hard link of the
+    file just written, under a temp name renamed into place, or a chunked copy of it where links fail
+    (another device, a file system without them). The files of one save may so share their bytes on
+    disk: replace them (as every writer here does), never write into them. The caller checks the
+    checkpoint first (:func:`~ddp_utils.engine.checkpoint.check_plain`): a background save checks in
+    its caller's thread, before handing over.
+
+    Returns:
+        The paths written.
 
     Raises:
         CheckpointWriteError: a write failed; the file there is as it was, the ones before it are new.
+
+    Examples:
+        >>> import tempfile
+        >>> weights = Path(tempfile.mkdtemp())
+        >>> last, best = write_serialised({"epoch": 3}, [weights / "last.pt", weights / "best.pt"])
+        >>> last.read_bytes() == best.read_bytes(), load_checkpoint(best)["epoch"]
+        (True, 3)
     """
-    buffer = io.BytesIO()
-    torch.save(dict(ckpt), buffer)
-    data = buffer.getvalue()
-    return [atomic_write_bytes(data, path) for path in paths]
+    if not paths:
+        return []
+    first = _atomic_write(paths[0], lambda f: torch.save(dict(ckpt), f))
+    return [first] + [_atomic_write(path, _copy_from(first), same_as=first) for path in paths[1:]]
 
 
 class BackgroundWriter:
@@ -155,33 +204,46 @@ class BackgroundWriter:
     The caller makes the snapshot first (:func:`build_checkpoint` copies every tensor to host
     memory), so training goes on while ``torch.save`` and the disk work: the step is held up only
     for the copy. A save waits for the one before it, so files are never written out of order (a
-    periodic ``last.pt`` can never land after a newer one), and :meth:`wait` returns when
-    everything handed over is on disk. A failed write is raised at the next :meth:`submit` or
-    :meth:`wait`, in the caller's thread, as the :class:`CheckpointWriteError` it was.
+    periodic ``last.pt`` can never land after a newer one).
+
+    A failed write is reported at once, from the writer thread: one warning on
+    :data:`~ddp_utils.log.LOGGER` naming the file, the cause and whether the previous file is intact
+    (the :class:`CheckpointWriteError`'s message). It costs no later save: the next :meth:`submit`
+    writes as usual, and :meth:`wait` tells whether the last save landed.
+
+    Attributes:
+        last_seconds: how long the last finished save took in its thread (serialise and write).
+        last_error: the :class:`CheckpointWriteError` of the last save that failed (None: none has);
+            a later save that lands leaves it, :meth:`wait` says whether the latest one did.
+        failures: how many saves failed so far.
 
     Examples:
         >>> import tempfile
         >>> writer = BackgroundWriter()
         >>> target = Path(tempfile.mkdtemp()) / "last.pt"
         >>> writer.submit({"epoch": 3}, [target])
-        >>> writer.wait()
-        >>> load_checkpoint(target)["epoch"]
-        3
+        >>> writer.wait(), writer.failures, load_checkpoint(target)["epoch"]
+        (True, 0, 3)
     """
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.last_seconds = 0.0  # how long the last save took in its thread (serialise and write)
+        self._landed = True  # whether the last save handed over is on disk (nothing handed over: nothing lost)
+        self.last_seconds = 0.0
+        self.last_error: CheckpointWriteError | None = None
+        self.failures = 0
 
     def submit(self, ckpt: Mapping[str, Any], paths: Sequence[str | Path]) -> None:
         """Write ``ckpt`` (a host snapshot) to ``paths`` in the background, after any save still running.
 
+        An earlier save that failed was reported when it failed; this one is written all the same.
+
         Raises:
-            CheckpointWriteError: an earlier background save failed.
+            TypeError: an entry of ``ckpt`` is not a plain type (checked here, in the caller's thread).
         """
         self.wait()
         check_plain(dict(ckpt))
+        self._landed = False
         # not a daemon: an interpreter that exits (a stopped run) still finishes the file
         self._thread = threading.Thread(target=self._write, args=(ckpt, list(paths)), name="checkpoint-writer")
         self._thread.start()
@@ -190,22 +252,28 @@ class BackgroundWriter:
         start = time.perf_counter()
         try:
             write_serialised(ckpt, paths)
-        except BaseException as exc:  # handed to the caller's thread at the next submit or wait
-            self._error = exc
-        self.last_seconds = time.perf_counter() - start
+            self._landed = True
+        except Exception as exc:  # whatever it is, training goes on and the next save is tried
+            if not isinstance(exc, CheckpointWriteError):  # not the disk (those come wrapped): said the same way
+                reason = f"{type(exc).__name__}: {exc}"
+                exc = CheckpointWriteError(errno.EIO, f"could not save checkpoint {paths[0]}: {reason}")
+            self.last_error = exc
+            self.failures += 1
+            LOGGER.warning(f"{exc.strerror}; training goes on, the next save is tried as usual")
+        finally:
+            self.last_seconds = time.perf_counter() - start
 
-    def wait(self) -> None:
-        """Return when every save handed over is on disk.
+    def wait(self) -> bool:
+        """Return, when every save handed over is written or has failed, whether the last one is on disk.
 
-        Raises:
-            CheckpointWriteError: a background save failed (the previous files are intact).
+        Returns:
+            True when the last save handed over landed (or none was), False when it failed (it was
+            reported when it failed; :attr:`last_error` holds it).
         """
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        return self._landed
 
     @property
     def busy(self) -> bool:
@@ -239,13 +307,23 @@ def _what_file(path: Path) -> str:
     if size == 0:
         return "the file is empty"
     if head.startswith(b"PK\x03\x04"):
-        return f"a zip archive of {size} bytes without a torch checkpoint in it, or one cut short"
+        return f"a zip archive of {size} bytes without a torch checkpoint in it"
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError:
         return f"{size} bytes of binary data that torch cannot read (truncated, or another format)"
     first = text.strip().splitlines()[0][:40] if text.strip() else ""
     return f'a text file of {size} bytes beginning "{first}"'
+
+
+def _raise_if_damaged(path: Path, error: BaseException) -> None:
+    """Raise :class:`DamagedCheckpointError` from ``error`` when ``path`` is a checkpoint archive that is not whole."""
+    try:
+        check_integrity(path)
+    except OSError:  # gone or unreadable since: the loader's own error says enough
+        return
+    except CheckpointError as damaged:
+        raise damaged from error
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool = False) -> dict[str, Any]:
@@ -264,7 +342,10 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
     Raises:
         FileNotFoundError: there is no such file.
         UnsafeCheckpointError: the file needs unpickling and ``trusted`` is False.
-        CheckpointError: the file is empty, truncated or not a torch checkpoint.
+        DamagedCheckpointError: the file is a checkpoint that is not whole: empty, cut short, or with
+            bytes changed (a :class:`CheckpointError`; found when the load fails: a change inside a
+            tensor loads without error, :func:`~ddp_utils.engine.checkpoint.check_integrity` finds it).
+        CheckpointError: not a torch checkpoint.
     """
     path = Path(path)
     if not path.is_file():
@@ -272,6 +353,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
+        _raise_if_damaged(path, exc)  # changed bytes in its pickle read as a refused object
         if not trusted:
             raise UnsafeCheckpointError(
                 f"checkpoint {path} contains arbitrary Python objects{_unsupported_global(str(exc))}, "
@@ -281,8 +363,12 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
                 "you trust, load_checkpoint(path, trusted=True)."
             ) from None
         unsafe = exc
-    except (RuntimeError, EOFError, KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
-        # torch's unpickler on a text file raises whatever the first bytes make it do ("KeyError: 101")
+    except (RuntimeError, EOFError, KeyError, IndexError, ValueError, TypeError, AttributeError, OSError) as exc:
+        # torch's unpickler on a text file raises whatever the first bytes make it do ("KeyError: 101"),
+        # its zip reader an OSError (EINVAL) on some archives cut short
+        _raise_if_damaged(path, exc)
+        if isinstance(exc, OSError):  # a read error, not the file's content
+            raise
         raise CheckpointError(f"checkpoint {path} is not a torch checkpoint: {_what_file(path)}") from exc
     warnings.warn(
         f"loading {path} with weights_only=False because trusted=True: it holds pickled Python objects"
