@@ -72,8 +72,9 @@ from .optim import (
 )
 from .options import OptionError
 from .plots import class_color, plot_images, plot_labels, plot_results
-from .resume import ResumeError, TrainState, latest_checkpoint, restore_training
+from .resume import ResumeError, latest_checkpoint, restore_training
 from .signals import PreemptionHandler
+from .train_state import TrainState
 from .wrap import wrap_model
 
 __all__ = [

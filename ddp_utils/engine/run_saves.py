@@ -18,9 +18,9 @@ from ..log import LOGGER
 from .checkpoint import Checkpointer
 from .control import StepControl
 from .guard import TrainingDiverged
-from .resume import TrainState
 from .run import Training
 from .signals import requeue_job
+from .train_state import TrainState
 
 
 class RunSaves:
