@@ -272,7 +272,8 @@ def validate(run: Run, fit: Training, device: torch.device, epoch: int, control)
         return fit.state.metrics()  # results.csv reports the last validation again, as YOLOv5's does
     fit.step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
     ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, control.stop_requested  # a signal cuts it short
-    metrics, val_loss = yolo.evaluate(ema, fit.val_loader, loss, device=device, verbose=False, stop=stop)
+    shown = dict(verbose=False, progress=du.is_main_process())
+    metrics, val_loss = yolo.evaluate(ema, fit.val_loader, loss, device=device, stop=stop, **shown)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
         du.LOGGER.info(yolo.class_table(metrics, run.names, per_class=True if run.opt.verbose else None))
     return metrics, val_loss

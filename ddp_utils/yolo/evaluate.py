@@ -9,6 +9,7 @@ returns the same numbers a single process would compute over the whole set.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from ..distributed import broadcast_object, get_rank, get_world_size, is_dist_initialized, reduce_tensor
 from ..log import LOGGER
+from ..progress import progress as progress_reporter
 from .metrics import DetectionMetrics, ImageRecord, coco_metrics
 from .ops import non_max_suppression, scale_boxes, xywh2xyxy
 
@@ -98,6 +100,7 @@ def evaluate(
     half: bool = False,
     verbose: bool = True,
     stop: Callable[[], bool] | None = None,
+    progress: bool = False,
 ) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
@@ -118,6 +121,8 @@ def evaluate(
         stop: asked before each batch on this rank (no collective: e.g. "a stop signal arrived here"); when
             it answers True the loop ends, the ranks agree at the loss reduction that follows, and every
             rank raises :class:`ValidationInterrupted` before any metric is computed.
+        progress: show this rank's progress through its batches ("val 3/8"; a bar, plain lines or nothing, as
+            :func:`ddp_utils.progress.progress_mode` says): pass it on the main process.
 
     Returns:
         ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics`
@@ -146,6 +151,7 @@ def evaluate(
         else contextlib.nullcontext()
     )
     interrupted = False
+    bar = progress_reporter(len(loader), desc="val", mode=None if progress else "off", file=sys.stderr)
     try:
         for imgs, targets, paths, shapes in loader:
             if stop is not None and stop():
@@ -166,7 +172,9 @@ def evaluate(
                 pred.float(), conf_thres, iou_thres, multi_label=True, agnostic=False, max_det=max_det
             )
             records.extend(batch_records(detections, targets, tuple(imgs.shape[2:]), paths, shapes))
+            bar.update(1)
     finally:
+        bar.close()
         model.train(was_training)
 
     # sums and batch counts, not per-rank means, so an uneven shard split weighs every batch alike; with them,
