@@ -1,0 +1,190 @@
+"""Who stalled: the stall watchdog's verdict from every rank's last progress report, and how it is told.
+
+Pure functions over :class:`RankView` (one rank as an observer sees it, on the observer's own
+clock), so the rules can be read, and tested, apart from threads and stores. The rules:
+
+1. Nobody is blamed while any rank that has not left is in an unbounded phase: it may be
+   rank 0 computing mAP while the others wait in a collective, and those must not be blamed.
+2. A rank is *overdue* when it has not made progress for longer than its bound, or its
+   heartbeat has not moved for longer than ``dead_after`` (the steady-state bound: a stopped
+   process is not slow work, whatever its phase allows). Nothing overdue: no stall.
+3. Overdue ranks whose heartbeat stopped are blamed: their whole process stands still.
+4. Else the rank that stopped first is blamed: in lock-step training, the ranks waiting for it
+   went on at least to the collective it never reached, so it has gone without progress the
+   longest. Ranks within ``tie`` seconds of the longest are suspects; while one of them is still
+   inside its own bound, nobody is blamed yet (a waiter's bound may run out before the laggard's).
+   Suspects in the same phase at different steps: the ones behind. Still several: the ones whose
+   main thread is not inside torch.distributed or autograd (the others are probably waiting). Still
+   several: all of them, and the words say one holds up the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+
+WAITING_MODULES = (  # a main thread whose innermost frame is here is probably waiting for the others
+    "torch.distributed",
+    "torch.autograd",
+    "torch.nn.parallel",
+    "ddp_utils.distributed.collectives",
+    "ddp_utils.distributed.group",
+)
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank's last report, as an observer sees it.
+
+    Attributes:
+        rank: its global rank.
+        phase: the phase it reported ("start" before its first progress).
+        step: its progress calls in that phase since it entered it.
+        idle: seconds since its last progress (its report's figure plus the report's age).
+        bound: seconds it may go without progress in that phase; None: unbounded.
+        heartbeat_age: seconds since its reports last changed, on the observer's clock.
+        done: it left its watchdog normally: never blamed.
+        started: it has reported at all (a rank that never did is bounded by the startup bound).
+        waiting: its main thread is inside torch.distributed or autograd.
+        where: its main thread's innermost frame, ``file:line in function``.
+    """
+
+    rank: int
+    phase: str = "start"
+    step: int = 0
+    idle: float = 0.0
+    bound: float | None = None
+    heartbeat_age: float = 0.0
+    done: bool = False
+    started: bool = True
+    waiting: bool = False
+    where: str = ""
+
+
+def find_stalled(views: list[RankView], tie: float, dead_after: float, stale: float) -> list[RankView]:
+    """The ranks to blame for a stall, by the rules above; empty: no stall (yet).
+
+    Args:
+        views: every rank of the group.
+        tie: seconds within which two ranks' idle times cannot be told apart.
+        dead_after: seconds after which a stopped heartbeat alone makes a rank overdue.
+        stale: seconds after which a heartbeat counts as stopped.
+
+    Examples:
+        >>> stuck = RankView(1, "train", step=36, idle=125.0, bound=120.0, heartbeat_age=0.5)
+        >>> waiting = RankView(0, "train", step=37, idle=124.8, bound=120.0, heartbeat_age=0.5)
+        >>> [v.rank for v in find_stalled([waiting, stuck], tie=2.0, dead_after=120.0, stale=10.0)]
+        [1]
+        >>> mapping = RankView(0, "metrics", idle=600.0, bound=None)  # rank 0 unbounded: the others wait
+        >>> find_stalled([mapping, stuck], tie=2.0, dead_after=120.0, stale=10.0)
+        []
+    """
+    active = [v for v in views if not v.done]
+    if not active or any(v.bound is None for v in active if v.started):
+        return []
+
+    def overdue(v: RankView) -> bool:
+        if not v.started:
+            return v.idle > (v.bound or 0.0)
+        return v.idle > (v.bound or 0.0) or v.heartbeat_age > dead_after
+
+    late = [v for v in active if overdue(v)]
+    if not late:
+        return []
+    dead = [v for v in late if v.started and v.heartbeat_age > stale]
+    if dead:
+        return dead
+    longest = max(v.idle for v in active)
+    suspects = [v for v in active if v.idle >= longest - tie]
+    if not all(overdue(v) for v in suspects):
+        return []  # the one that stopped first is still inside its bound: wait for it
+    phases = {v.phase for v in suspects}
+    if len(phases) == 1:
+        lowest = min(v.step for v in suspects)
+        suspects = [v for v in suspects if v.step == lowest]
+    working = [v for v in suspects if not v.waiting]
+    return working if working else suspects
+
+
+def blame_lines(stalled: list[RankView], stale: float) -> list[str]:
+    """One line per stalled rank, naming it and what its heartbeat says; one more when they tie.
+
+    Examples:
+        >>> frozen = RankView(1, "train", step=37, idle=121.2, bound=120.0, heartbeat_age=118.0)
+        >>> for part in blame_lines([frozen], stale=10.0)[0].split("; "):
+        ...     print(part)
+        rank 1 stalled: no progress for 121 s in phase 'train' (step 37)
+        its heartbeat stopped 118 s ago: stopped (SIGSTOP) or hung in the kernel?
+    """
+    lines = []
+    for v in stalled:
+        if not v.started:
+            lines.append(
+                f"rank {v.rank} stalled: it never reported to its stall watchdog ({v.idle:.0f} s since this rank "
+                "started watching): it has not got that far (see its log and stack), or it runs without the watchdog"
+            )
+            continue
+        head = f"rank {v.rank} stalled: no progress for {v.idle:.0f} s in phase '{v.phase}' (step {v.step})"
+        if v.heartbeat_age > stale:
+            stopped = f"its heartbeat stopped {v.heartbeat_age:.0f} s ago: stopped (SIGSTOP) or hung in the kernel?"
+            lines.append(f"{head}; {stopped}")
+        else:
+            where = f" (at {v.where})" if v.where else ""
+            lines.append(f"{head}; its heartbeat is alive: stuck in Python/IO{where}, see its stack above")
+    alive = [v for v in stalled if v.started and v.heartbeat_age <= stale]
+    if len(alive) > 1:
+        ranks = ", ".join(str(v.rank) for v in alive)
+        lines.append(
+            f"ranks {ranks} stopped at the same point: one of them holds up the others in a collective; "
+            "compare their stacks above"
+        )
+    return lines
+
+
+def is_waiting_frame(module: str) -> bool:
+    """Whether a frame of ``module`` is probably waiting for other ranks.
+
+    Examples:
+        >>> is_waiting_frame("torch.distributed.distributed_c10d"), is_waiting_frame("my_project.data")
+        (True, False)
+    """
+    return module.startswith(WAITING_MODULES)
+
+
+def write_stderr(text: str) -> None:
+    """Straight to file descriptor 2: a main thread stuck inside a write holds sys.stderr's lock."""
+    data = text.encode("utf-8", "replace")
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(2, data) :]
+
+
+def flush_stdio(timeout: float = 2.0) -> None:
+    """Flush sys.stdout and sys.stderr, giving up after ``timeout`` (a main thread may hold their locks)."""
+
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+
+    thread = threading.Thread(target=flush, name="ddp_utils-flush", daemon=True)
+    thread.start()
+    thread.join(timeout)
+
+
+def thread_stack(ident: int, header: str, prefix: str = "") -> str:
+    """``header`` and the stack of the thread ``ident``, every line after ``prefix``.
+
+    Examples:
+        >>> import threading
+        >>> print(thread_stack(threading.get_ident(), "here:", prefix="[rank 0] ").splitlines()[0])
+        [rank 0] here:
+    """
+    frame = sys._current_frames().get(ident)
+    body = traceback.format_stack(frame) if frame is not None else ["  (the thread has ended)\n"]
+    lines = [line for chunk in body for line in chunk.rstrip("\n").split("\n")]
+    return "".join(f"{prefix}{line}\n" for line in [header, *lines])
