@@ -1,4 +1,4 @@
-"""Who stalled: the stall watchdog's verdict from every rank's last progress report, and how it is told.
+"""Who stalled: the stall watchdog's verdict from every rank's last progress report, how it is told, how ranks part.
 
 Pure functions over :class:`RankView` (one rank as an observer sees it, on the observer's own
 clock), so the rules can be read, and tested, apart from threads and stores. The rules:
@@ -9,10 +9,13 @@ clock), so the rules can be read, and tested, apart from threads and stores. The
    heartbeat has not moved for longer than ``dead_after`` (the steady-state bound: a stopped
    process is not slow work, whatever its phase allows). Nothing overdue: no stall.
 3. Overdue ranks whose heartbeat stopped are blamed: their whole process stands still.
-4. Else the rank that stopped first is blamed: in lock-step training, the ranks waiting for it
-   went on at least to the collective it never reached, so it has gone without progress the
-   longest. Ranks within ``tie`` seconds of the longest are suspects; while one of them is still
-   inside its own bound, nobody is blamed yet (a waiter's bound may run out before the laggard's).
+4. While a rank is inside a ``phase()`` block within its own bound (a save, mAP), nobody else is
+   blamed: the others may be waiting for it.
+5. Else the rank that stopped first is blamed: in lock-step training, the ranks waiting for it
+   went on at least to the collective it never reached, so its last progress call is the oldest
+   (blocks entered or left since do not count as progress). Ranks within ``tie`` seconds of the
+   oldest are suspects; while one of them is still inside its own bound, nobody is blamed yet
+   (a waiter's bound may run out before the laggard's).
    Suspects in the same phase at different steps: the ones behind. Still several: the ones whose
    main thread is not inside torch.distributed or autograd (the others are probably waiting). Still
    several: all of them, and the words say one holds up the others.
@@ -24,8 +27,13 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
+from typing import NoReturn
+
+from .errors import record_error_for_launcher
+from .store import BoundedStore, StoreLostError
 
 WAITING_MODULES = (  # a main thread whose innermost frame is here is probably waiting for the others
     "torch.distributed",
@@ -44,8 +52,11 @@ class RankView:
         rank: its global rank.
         phase: the phase it reported ("start" before its first progress).
         step: its progress calls in that phase since it entered it.
-        idle: seconds since its last progress (its report's figure plus the report's age).
-        bound: seconds it may go without progress in that phase; None: unbounded.
+        idle: seconds on its bound's clock: since its last progress, or since it entered or left a
+            :meth:`~ddp_utils.distributed.StallWatchdog.phase` block (its report's figure plus the report's age).
+        bound: seconds ``idle`` may reach; None: unbounded.
+        quiet: seconds since its last progress call, whatever phases it entered or left since.
+        block: it is inside a ``phase()`` block: a bound of its own, for slow work the others may wait for.
         heartbeat_age: seconds since its reports last changed, on the observer's clock.
         done: it left its watchdog normally: never blamed.
         started: it has reported at all (a rank that never did is bounded by the startup bound).
@@ -58,6 +69,8 @@ class RankView:
     step: int = 0
     idle: float = 0.0
     bound: float | None = None
+    quiet: float | None = None
+    block: bool = False
     heartbeat_age: float = 0.0
     done: bool = False
     started: bool = True
@@ -98,8 +111,14 @@ def find_stalled(views: list[RankView], tie: float, dead_after: float, stale: fl
     dead = [v for v in late if v.started and v.heartbeat_age > stale]
     if dead:
         return dead
-    longest = max(v.idle for v in active)
-    suspects = [v for v in active if v.idle >= longest - tie]
+    if any(v.block and not overdue(v) for v in active):
+        return []  # slow work within its own bound (a save, mAP): the others are waiting for it
+
+    def quiet(v: RankView) -> float:
+        return v.idle if v.quiet is None else v.quiet
+
+    longest = max(quiet(v) for v in active)
+    suspects = [v for v in active if quiet(v) >= longest - tie]
     if not all(overdue(v) for v in suspects):
         return []  # the one that stopped first is still inside its bound: wait for it
     phases = {v.phase for v in suspects}
@@ -128,7 +147,8 @@ def blame_lines(stalled: list[RankView], stale: float) -> list[str]:
                 "started watching): it has not got that far (see its log and stack), or it runs without the watchdog"
             )
             continue
-        head = f"rank {v.rank} stalled: no progress for {v.idle:.0f} s in phase '{v.phase}' (step {v.step})"
+        silent = v.idle if v.quiet is None else max(v.idle, v.quiet)
+        head = f"rank {v.rank} stalled: no progress for {silent:.0f} s in phase '{v.phase}' (step {v.step})"
         if v.heartbeat_age > stale:
             stopped = f"its heartbeat stopped {v.heartbeat_age:.0f} s ago: stopped (SIGSTOP) or hung in the kernel?"
             lines.append(f"{head}; {stopped}")
@@ -188,3 +208,34 @@ def thread_stack(ident: int, header: str, prefix: str = "") -> str:
     body = traceback.format_stack(frame) if frame is not None else ["  (the thread has ended)\n"]
     lines = [line for chunk in body for line in chunk.rstrip("\n").split("\n")]
     return "".join(f"{prefix}{line}\n" for line in [header, *lines])
+
+
+def part_in_order(
+    link: BoundedStore, rank: int, verdict_key: str, deciding: bool, live: list[int], grace: float
+) -> None:
+    """Acknowledge a verdict over ``link``. The decider waits for every live rank's stack before it says why;
+    rank 0 (the store's host under env://) leaves last, so that no rank's last call meets a closed store.
+    Waits at most ``grace`` seconds; a lost store ends the waiting."""
+    deadline = time.monotonic() + grace
+    acks, left = f"{verdict_key}/acks", f"{verdict_key}/left"
+
+    def wait_for(key: str, count: int) -> None:
+        while link.call(lambda store: store.add(key, 0), timeout=grace) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    with contextlib.suppress(StoreLostError):
+        link.call(lambda store: store.add(acks, 1), timeout=grace)
+        if deciding:
+            wait_for(acks, len(live))
+        if rank != 0:
+            link.call(lambda store: store.add(left, 1), timeout=grace)
+        else:
+            wait_for(left, len([other for other in live if other != 0]))
+
+
+def exit_for_restart(lines: list[str], for_launcher: str, code: int) -> NoReturn:
+    """Print ``lines``, leave ``for_launcher`` in torchrun's error file, flush stdio, and exit with ``code`` at once."""
+    write_stderr("".join(f"{line}\n" for line in lines))
+    record_error_for_launcher(for_launcher)
+    flush_stdio()
+    os._exit(code)

@@ -1,52 +1,43 @@
 """The stall watchdog: a rank that stops making progress is named within minutes, and the job ends to restart.
 
-Without it a rank that stops (a stuck file read, a process stopped with SIGSTOP, a deadlock)
-holds every other rank in a collective for DDP_UTILS_DIST_TIMEOUT (30 minutes) and the job
-ends in torch's timeout errors. With it, each rank's main thread marks its progress
-(:meth:`StallWatchdog.progress`, nearly free: a counter and a clock reading, no lock, no I/O)
-and a daemon thread per rank publishes it to the group's c10d store and judges everyone's.
-When a rank is found stalled, every live rank prints its main thread's stack, the rank that
-decided prints one line naming the stalled rank, and every live rank exits with
-:data:`STALL_EXIT_CODE` so the launcher restarts the job (torchrun ``--max-restarts``, a SLURM
-requeue), which resumes from its last save.
+Without it, a rank that stops (a stuck file read, a process stopped with SIGSTOP, a deadlock) holds
+every other rank in a collective for DDP_UTILS_DIST_TIMEOUT (30 minutes), and the job ends in torch's
+timeout errors. With it, each rank's main thread marks its progress (:meth:`StallWatchdog.progress`:
+a counter and a clock reading, no lock, no I/O) and a daemon thread per rank publishes it to the
+group's c10d store and judges everyone's. When a rank stalls, every live rank prints its main thread's
+stack, the rank that decided prints one line naming the stalled rank, and every live rank exits with
+:data:`STALL_EXIT_CODE`, so that the launcher restarts the job (torchrun ``--max-restarts``, a SLURM
+requeue) and it resumes from its last save.
 
-How it decides (the rules themselves are in :mod:`.stall`):
+- **Bounds.** A rank may go without progress for ``timeout`` (:data:`DEFAULT_STALL_TIMEOUT_S`,
+  DDP_UTILS_STALL_TIMEOUT) or ``factor`` times the slowest interval it has seen between two progress
+  calls of the phase, whichever is longer; in the first ``startup_steps`` of a phase's first run in
+  the process (cudnn autotuning, torch.compile, first allocations), for the startup bound (900 s,
+  DDP_UTILS_STALL_STARTUP_TIMEOUT); in a :meth:`~StallWatchdog.phase` block, for its own bound, or
+  without one. :meth:`~StallWatchdog.track` enters its phase before the first item, so a loader's
+  start is bounded as a start, apart from its steady steps.
+- **No clock agreement.** Reports carry durations, never times; an observer adds how long a report
+  has stood unchanged on its own clock (the heartbeat, counted as :mod:`.zero_first`'s is). A process
+  whose own thread stood still (the whole job stopped, a SLURM suspend) starts its clocks again.
+- **Who is to blame** (the rules are in :mod:`.stall`). When rank 1 is stuck, rank 0 waits in the
+  step's all-reduce and makes no progress either. Blamed is a rank whose heartbeat stopped (its threads
+  are stopped too: SIGSTOP, a hang in the kernel); else the rank whose last progress is the oldest (the
+  waiters went on at least to the collective it never reached), then the one behind in steps, then
+  the one not inside torch.distributed. Nobody is blamed while a rank is in an unbounded phase or a
+  ``phase()`` block within its bound (the others may be waiting for it); a rank that left, never.
+- **The store.** Its host may be the stalled process (rank 0 under a plain env:// launch; under
+  torchrun the agent), and a call to a stopped host blocks whatever the store's timeout (see
+  :mod:`.store`): the thread keeps a private connection and a deadline of its own
+  (``store_timeout``); losing the store ends the rank the same way, and says so.
+- **Ending.** The first rank to decide stores its verdict (compare-and-set: exactly one wins); every
+  live rank prints its stack and acknowledges; then the decider prints the blame line, the others a
+  one-line "stopping", each leaves its line in torchrun's error file, flushes stdio, ``os._exit``.
+- **Elastic restarts.** Keys carry the restart count and how many watchdogs this process started.
 
-- **Progress and bounds.** A rank reports its phase, its step in it, the seconds since its last
-  progress and the seconds it may go without: ``timeout`` (default
-  :data:`DEFAULT_STALL_TIMEOUT_S`, DDP_UTILS_STALL_TIMEOUT) or ``factor`` times the slowest
-  interval it has seen between two progress calls of that phase, whichever is longer; before
-  the first ``startup_steps`` progress calls of a phase's first run in the process (cudnn
-  autotuning, torch.compile, first allocations) the startup bound (default 900 s,
-  DDP_UTILS_STALL_STARTUP_TIMEOUT); a :meth:`~StallWatchdog.phase` block its own bound, or none.
-  :meth:`~StallWatchdog.track` enters its phase before the first item, so a loader's start is
-  bounded apart from its steady steps.
-- **No clock agreement.** Reports carry durations, never times; an observer adds how long a
-  report has stood unchanged on its own clock (the heartbeat, counted as :mod:`.zero_first`'s is).
-  A process whose own thread stood still (the whole job SIGSTOPped, a SLURM suspend) starts its
-  clocks again instead of blaming everyone.
-- **Who is to blame.** When rank 1 is stuck, rank 0 waits in the step's all-reduce and makes no
-  progress either. Blamed are: a rank whose heartbeat stopped (its threads are stopped too: SIGSTOP,
-  a hang in the kernel); else the rank that stopped first (the waiters went on at least to the
-  collective it never reached), told apart from a tie by its step, then by whether its main thread
-  sits inside torch.distributed. A rank in an unbounded phase is never blamed, nor anyone while it
-  is in it (its peers are waiting for it); a rank that left its watchdog never is.
-- **The store.** Its host may be the stalled process (rank 0 hosts it under a plain env://
-  launch; the torchrun agent under torchrun). A TCPStore call to a stopped host blocks, whatever
-  the store's timeout (see :mod:`.store`), so the thread uses a private connection and a
-  deadline of its own (``store_timeout``); losing the store ends the rank the same way, and says so.
-- **Ending.** The first rank to decide stores its verdict (an atomic compare-and-set: exactly one
-  rank writes it); every live rank prints its main thread's stack and acknowledges; once all have
-  (or a few seconds passed) the decider prints the blame line, the others a one-line "stopping",
-  each writes its line to torchrun's error file, flushes stdio and calls ``os._exit``.
-- **Elastic restarts.** Keys are named by the restart count and by how many watchdogs this
-  process started before, so no attempt reads another's.
-
-The default bound, 120 s: detection takes the bound plus a second or two; torchrun then waits
-30 s for a SIGSTOPped worker before it SIGKILLs it, and the restart loads the last save. A small
-CPU run frozen after its first epoch so finishes within 5 minutes of the freeze, while a steady
-step, a loader restart or a checkpoint written to a slow disk still has two minutes (three times
-its slowest step when that is longer), and the first steps fifteen.
+The default bound, 120 s: detection takes the bound and a second or two; torchrun waits 30 s for a
+SIGSTOPped worker before it SIGKILLs it, then the restart loads the last save. A small CPU run frozen
+after its first epoch so finishes within 5 minutes of the freeze, while a step, a loader restart or
+a save to a slow disk still has two minutes (three times the slowest step when that is longer).
 """
 
 from __future__ import annotations
@@ -65,9 +56,18 @@ from typing import Any, NoReturn, TypeVar
 
 from ..log import LOGGER
 from .env import DistEnvError, dist_info
-from .errors import record_error_for_launcher
 from .group import get_rank, get_world_size, is_dist_initialized
-from .stall import RankView, blame_lines, find_stalled, flush_stdio, is_waiting_frame, thread_stack, write_stderr
+from .stall import (
+    RankView,
+    blame_lines,
+    exit_for_restart,
+    find_stalled,
+    flush_stdio,
+    is_waiting_frame,
+    part_in_order,
+    thread_stack,
+    write_stderr,
+)
 from .store import BoundedStore, StoreLostError, default_store, private_connection, store_address
 
 STALL_EXIT_CODE = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run it again (0, 1, 2 = usage are taken)
@@ -85,10 +85,8 @@ def _env_seconds(environ: Mapping[str, str], name: str, default: float, may_disa
     value = environ.get(name, "").strip()
     if not value:
         return default
-    if may_disable and value.lower() in _OFF:
-        return None
     try:
-        seconds = float(value)
+        seconds = 0.0 if value.lower() in _OFF else float(value)
     except ValueError:
         seconds = math.nan
     if may_disable and seconds == 0:
@@ -177,6 +175,8 @@ class StallWatchdog:
         # the main thread's side: what it last did, read by the thread as one tuple (entry, step, time)
         self._seen: set[str] = set()
         self._blocks = 0
+        created = time.monotonic()
+        self._mark: tuple = (None, 0, created, created)  # (phase run, step, bound's clock, last progress)
         self._enter("start")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -202,19 +202,25 @@ class StallWatchdog:
             self._progress_elsewhere(phase)
             return
         self._step += 1
-        self._mark = (self._entry, self._step, time.monotonic())
+        now = time.monotonic()
+        self._mark = (self._entry, self._step, now, now)
 
     def _progress_elsewhere(self, phase: str) -> None:
         if not self._blocks:  # inside a phase() block, progress restarts the block's clock and keeps its bound
             self._enter(phase)
         self._step += 1
-        self._mark = (self._entry, self._step, time.monotonic())
+        now = time.monotonic()
+        self._mark = (self._entry, self._step, now, now)
 
     def _enter(self, name: str) -> None:
         first = name not in self._seen
         self._seen.add(name)
         self._entry, self._name, self._step = _Entry(name, first, _ADAPTIVE), name, 0
-        self._mark = (self._entry, 0, time.monotonic())
+        self._restart_clock()
+
+    def _restart_clock(self) -> None:
+        """The bound's clock starts again (a phase entered or left); the time of the last progress stays."""
+        self._mark = (self._entry, self._step, time.monotonic(), self._mark[3])
 
     @contextlib.contextmanager
     def phase(self, name: str, timeout: float | None) -> Iterator[None]:
@@ -229,13 +235,13 @@ class StallWatchdog:
         outer = (self._entry, self._name, self._step)
         self._blocks += 1
         self._entry, self._step = _Entry(name, False, None if timeout is None else float(timeout)), 0
-        self._mark = (self._entry, 0, time.monotonic())
+        self._restart_clock()
         try:
             yield
         finally:
             self._blocks -= 1
             self._entry, self._name, self._step = outer
-            self._mark = (self._entry, self._step, time.monotonic())
+            self._restart_clock()
 
     def track(self, iterable: Iterable[T], phase: str) -> Iterator[T]:
         """Yield ``iterable``'s items, marking progress in ``phase`` as each arrives.
@@ -260,13 +266,21 @@ class StallWatchdog:
         self.rank, self.world_size = get_rank(), get_world_size()
         namespace = f"ddp_utils/watchdog/{dist_info().restart_count}/{_started[0]}"
         _started[0] += 1
-        self._keys = {"verdict": f"{namespace}/verdict", "acks": f"{namespace}/acks"}
+        self._verdict_key = f"{namespace}/verdict"
         self._states = [f"{namespace}/state/{rank}" for rank in range(self.world_size)]
         self._address = store_address(store)
         connect = functools.partial(private_connection, store, self.store_timeout)
         self._link = BoundedStore(connect, self.store_timeout, name="ddp_utils-watchdog-store")
         self._judge_every = min(max(self.interval, self.interval * self.world_size / 64), 10.0)
         self._stale = min(self.timeout / 2, max(5 * self.interval + self._judge_every, 10.0))
+        first = functools.partial(self._exchange, report=self._report(self._mark, time.monotonic(), 0), judging=False)
+        try:  # reported before the loop starts: a rank stopped in its first steps is seen stopping, not absent
+            self._link.call(first)
+        except StoreLostError as exc:
+            LOGGER.warning(f"rank {self.rank}: stall watchdog: the store at {self._address} does not answer ({exc})")
+            self._link.close()
+            self._link = None
+            return self
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="ddp_utils-stall-watchdog", daemon=True)
         self._thread.start()
@@ -323,7 +337,7 @@ class StallWatchdog:
 
     def _learn(self, previous: tuple, mark: tuple) -> None:
         """Record the interval between two marks of one phase run: the adaptive bounds grow from these."""
-        (entry0, step0, t0), (entry, step, t) = previous, mark
+        (entry0, step0, t0, _), (entry, step, t, _) = previous, mark
         if entry is not entry0 or step <= step0 or entry.bound is not _ADAPTIVE or t0 < self._resumed:
             return
         if entry.first and step0 < self.startup_steps:
@@ -340,20 +354,22 @@ class StallWatchdog:
         return max(self.timeout, self.factor * slowest)
 
     def _report(self, mark: tuple, now: float, beat: int, done: bool = False) -> str:
-        entry, step, t = mark
+        entry, step, clock, last_progress = mark
         frame = sys._current_frames().get(self._main)
         where, waiting = "", False
         if frame is not None:
             where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
             waiting = is_waiting_frame(str(frame.f_globals.get("__name__", "")))
-        report = {"beat": beat, "phase": entry.name, "step": step, "idle": round(now - max(t, self._resumed), 2)}
-        report.update(bound=self._bound(entry, step), done=done, waiting=waiting, where=where)
+        idle, quiet = (round(now - max(t, self._resumed), 2) for t in (clock, last_progress))
+        report = {"beat": beat, "phase": entry.name, "step": step, "idle": idle, "quiet": quiet}
+        report.update(bound=self._bound(entry, step), block=entry.bound is not _ADAPTIVE, done=done)
+        report.update(waiting=waiting, where=where)
         return json.dumps(report, separators=(",", ":"))
 
     def _exchange(self, store: Any, report: str, judging: bool) -> tuple[str | None, list | None]:
         """On the store's helper thread: publish this rank's report, read the verdict and (judging) every report."""
         store.set(self._states[self.rank], report)
-        verdict = store.get(self._keys["verdict"]).decode() if store.check([self._keys["verdict"]]) else None
+        verdict = store.get(self._verdict_key).decode() if store.check([self._verdict_key]) else None
         if not judging:
             return verdict, None
         if store.check(self._states):  # multi_get waits for missing keys: only once every rank has reported
@@ -374,8 +390,9 @@ class StallWatchdog:
                 self._peers[rank] = (report["beat"], now)
                 seen_at = now
             age = now - max(seen_at, self._resumed)
-            fields = {k: report[k] for k in ("phase", "step", "bound", "done", "waiting", "where")}
-            views.append(RankView(rank, idle=report["idle"] + age, heartbeat_age=age, **fields))
+            fields = {k: report[k] for k in ("phase", "step", "bound", "block", "done", "waiting", "where")}
+            idle, quiet = report["idle"] + age, report["quiet"] + age
+            views.append(RankView(rank, idle=idle, quiet=quiet, heartbeat_age=age, **fields))
         return views
 
     def _decide(self, stalled: list[RankView]) -> None:
@@ -383,7 +400,7 @@ class StallWatchdog:
         lines = blame_lines(stalled, self._stale)
         verdict = json.dumps({"by": self.rank, "stalled": [v.rank for v in stalled], "lines": lines, "live": live})
         try:  # the first verdict stays: every rank ends with the same one
-            stored = self._link.call(lambda store: store.compare_set(self._keys["verdict"], "", verdict))
+            stored = self._link.call(lambda store: store.compare_set(self._verdict_key, "", verdict))
         except StoreLostError as exc:
             self._store_lost(exc)
             return
@@ -394,25 +411,17 @@ class StallWatchdog:
         stalled = verdict["stalled"]
         named = f"rank{'s' if len(stalled) > 1 else ''} {', '.join(map(str, stalled))}"
         about = "this rank is the one stalled" if self.rank in stalled else f"{named} stalled"
-        flush_stdio()
-        write_stderr(self._stack(f"stall watchdog: {about}; this rank's main thread is at:"))
+        self._print_stack(f"stall watchdog: {about}; this rank's main thread is at:")
         grace = 5.0 + 2 * self.interval
-        deadline = time.monotonic() + grace
-        acks = self._keys["acks"]
-        with contextlib.suppress(StoreLostError):  # stay until every live rank has printed its stack
-            self._link.call(lambda store: store.add(acks, 1), timeout=grace)
-            while self._link.call(lambda store: store.add(acks, 0), timeout=grace) < len(verdict["live"]):
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
+        part_in_order(self._link, self.rank, self._verdict_key, verdict["by"] == self.rank, verdict["live"], grace)
         if verdict["by"] == self.rank:
             restart = (
                 f"stall watchdog: ending every rank with exit code {STALL_EXIT_CODE} so that the launcher restarts the "
                 f"job (torchrun --max-restarts, a SLURM requeue) from its last save ({TIMEOUT_ENV}={self.timeout:g})"
             )
-            self._exit([*verdict["lines"], restart], " | ".join(verdict["lines"]))
+            exit_for_restart([*verdict["lines"], restart], " | ".join(verdict["lines"]), STALL_EXIT_CODE)
         line = f"[rank {self.rank}] stall watchdog: stopping: {named} stalled (rank {verdict['by']} says why)"
-        self._exit([line], line)
+        exit_for_restart([line], line, STALL_EXIT_CODE)
 
     def _store_lost(self, exc: Exception) -> None:
         others = [v for v in self._views if v.rank != self.rank]
@@ -423,18 +432,12 @@ class StallWatchdog:
             "stopped or died (rank 0 hosts it under a plain env:// launch, the torchrun agent under torchrun), "
             "so no rank can be told of a stall; stopping this rank"
         )
-        flush_stdio()
-        write_stderr(self._stack("stall watchdog: lost the store; this rank's main thread is at:"))
-        self._exit([line], line)
+        self._print_stack("stall watchdog: lost the store; this rank's main thread is at:")
+        exit_for_restart([line], line, STALL_EXIT_CODE)
 
-    def _exit(self, lines: list[str], for_launcher: str) -> NoReturn:
-        write_stderr("".join(f"{line}\n" for line in lines))
-        record_error_for_launcher(for_launcher)
-        flush_stdio()
-        os._exit(STALL_EXIT_CODE)
-
-    def _stack(self, header: str) -> str:
-        return thread_stack(self._main, header, prefix=f"[rank {self.rank}] ")
+    def _print_stack(self, header: str) -> None:
+        flush_stdio()  # what the rank printed before comes first
+        write_stderr(thread_stack(self._main, header, prefix=f"[rank {self.rank}] "))
 
     def _leave(self) -> None:
         link, self._link = self._link, None
