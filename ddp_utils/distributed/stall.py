@@ -9,8 +9,8 @@ clock), so the rules can be read, and tested, apart from threads and stores. The
    heartbeat has not moved for longer than ``dead_after`` (the steady-state bound: a stopped
    process is not slow work, whatever its phase allows). Nothing overdue: no stall.
 3. Overdue ranks whose heartbeat stopped are blamed: their whole process stands still.
-4. While a rank is inside a ``phase()`` block within its own bound (a save, mAP), nobody else is
-   blamed: the others may be waiting for it.
+4. A rank that overran a ``phase()`` block's own bound (a save, mAP) is blamed: the others wait
+   for it. While a rank is inside a block within its bound, nobody is blamed.
 5. Else the rank that stopped first is blamed: in lock-step training, the ranks waiting for it
    went on at least to the collective it never reached, so its last progress call is the oldest
    (blocks entered or left since do not count as progress). Ranks within ``tie`` seconds of the
@@ -19,11 +19,17 @@ clock), so the rules can be read, and tested, apart from threads and stores. The
    Suspects in the same phase at different steps: the ones behind. Still several: the ones whose
    main thread is not inside torch.distributed or autograd (the others are probably waiting). Still
    several: all of them, and the words say one holds up the others.
+
+The observer (:mod:`.watchdog`) adds two guards of its own: time spent waiting while a rank held
+the group (rules 1 and 4) does not count against the others' bounds, and a verdict stands only
+when the next judgement, on newer reports, finds the same ranks stalled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import sys
 import threading
@@ -111,8 +117,9 @@ def find_stalled(views: list[RankView], tie: float, dead_after: float, stale: fl
     dead = [v for v in late if v.started and v.heartbeat_age > stale]
     if dead:
         return dead
-    if any(v.block and not overdue(v) for v in active):
-        return []  # slow work within its own bound (a save, mAP): the others are waiting for it
+    overran = [v for v in late if v.block]
+    if overran or holding(active):
+        return overran  # slow work past its own bound, or still within it: the others are waiting for it
 
     def quiet(v: RankView) -> float:
         return v.idle if v.quiet is None else v.quiet
@@ -127,6 +134,71 @@ def find_stalled(views: list[RankView], tie: float, dead_after: float, stale: fl
         suspects = [v for v in suspects if v.step == lowest]
     working = [v for v in suspects if not v.waiting]
     return working if working else suspects
+
+
+def holding(views: list[RankView]) -> bool:
+    """Whether a rank holds the others with known slow work: an unbounded phase, or a block within its bound.
+
+    Examples:
+        >>> holding([RankView(0, "metrics", idle=50.0, bound=None, block=True), RankView(1, "train", bound=120.0)])
+        True
+    """
+    return any(v.started and not v.done and (v.bound is None or (v.block and v.idle <= v.bound)) for v in views)
+
+
+class Observer:
+    """One rank's view of every rank's reports, on its own clock.
+
+    It turns reports into :class:`RankView` s (a report's age: how long its heartbeat has stood still
+    here), keeps the last time some rank held the group with known slow work (:func:`holding`: time
+    spent waiting for it does not count against the others' bounds), and confirms verdicts: one
+    stands when the judgement before found the same ranks stalled, on older reports (or dead ones),
+    so that no verdict rests on a report that a rank released a moment ago had no time to renew.
+
+    Args:
+        startup_bound: the bound of a rank that has not reported yet.
+        stale: seconds after which a heartbeat counts as stopped.
+        now: the observer's clock when it starts watching.
+    """
+
+    def __init__(self, startup_bound: float, stale: float, now: float) -> None:
+        self.startup_bound, self.stale, self.started_at = startup_bound, stale, now
+        self.heartbeats: dict[int, tuple[int, float]] = {}  # rank -> (its heartbeat, when it was seen to change)
+        self.suspects: dict[int, int | None] = {}  # rank -> its heartbeat when the last judgement found it stalled
+        self.held_at: float | None = None
+
+    def see(self, reports: list[bytes | str | None], now: float, resumed: float) -> list[RankView]:
+        """Views of every rank's report (None: none yet); ``resumed``: when this process last stood still."""
+        views = []
+        for rank, raw in enumerate(reports):
+            if raw is None:  # not reporting yet: bounded as a start
+                views.append(
+                    RankView(rank, started=False, idle=now - max(self.started_at, resumed), bound=self.startup_bound)
+                )
+                continue
+            report = json.loads(raw)
+            beat, seen_at = self.heartbeats.get(rank, (None, now))
+            if beat != report["beat"]:
+                self.heartbeats[rank], seen_at = (report["beat"], now), now
+            age = now - max(seen_at, resumed)
+            fields = {k: report[k] for k in ("phase", "step", "bound", "block", "done", "waiting", "where")}
+            idle, quiet = report["idle"] + age, report["quiet"] + age
+            views.append(RankView(rank, idle=idle, quiet=quiet, heartbeat_age=age, **fields))
+        if holding(views):
+            self.held_at = now
+        if self.held_at is None:
+            return views
+        held = now - self.held_at
+        return [v if v.block else dataclasses.replace(v, idle=min(v.idle, held)) for v in views]
+
+    def confirmed(self, stalled: list[RankView]) -> bool:
+        """Whether ``stalled`` (this judgement's verdict) stands: see the class."""
+        previous = self.suspects
+        self.suspects = {v.rank: self.heartbeats.get(v.rank, (None, 0.0))[0] for v in stalled}
+        return bool(stalled) and all(
+            v.rank in previous and (previous[v.rank] != self.suspects[v.rank] or v.heartbeat_age > self.stale)
+            for v in stalled
+        )
 
 
 def blame_lines(stalled: list[RankView], stale: float) -> list[str]:

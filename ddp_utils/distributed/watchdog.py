@@ -58,6 +58,7 @@ from ..log import LOGGER
 from .env import DistEnvError, dist_info
 from .group import get_rank, get_world_size, is_dist_initialized
 from .stall import (
+    Observer,
     RankView,
     blame_lines,
     exit_for_restart,
@@ -184,9 +185,8 @@ class StallWatchdog:
         self._main = threading.get_ident()
         self._steady: dict[str, float] = {}  # phase -> its slowest interval between two progress calls
         self._entry_gaps: dict[str, float] = {}  # phase -> its slowest start (entry to first progress)
-        self._peers: dict[int, tuple[int, float]] = {}  # rank -> (its heartbeat, when this rank saw it change)
         self._views: list[RankView] = []
-        self._resumed = self._started_at = 0.0
+        self._resumed = 0.0
         self.rank, self.world_size = 0, 1
 
     @property
@@ -307,7 +307,8 @@ class StallWatchdog:
         self._leave()
 
     def _watch(self) -> None:
-        self._started_at = self._resumed = last = judge_at = time.monotonic()
+        self._resumed = last = judge_at = time.monotonic()
+        self._observer = Observer(self.startup_timeout, self._stale, self._resumed)
         previous, beat = self._mark, 0
         while not self._stop.wait(self.interval):
             now = time.monotonic()
@@ -329,10 +330,10 @@ class StallWatchdog:
                 self._end(verdict)
             if judging:
                 judge_at = now + self._judge_every
-                self._views = self._see(states, now)
+                self._views = self._observer.see(states, now, self._resumed)
                 tie = 2 * self._judge_every + self.interval
                 stalled = find_stalled(self._views, tie=tie, dead_after=self.timeout, stale=self._stale)
-                if stalled:
+                if self._observer.confirmed(stalled):
                     self._decide(stalled)
 
     def _learn(self, previous: tuple, mark: tuple) -> None:
@@ -376,24 +377,6 @@ class StallWatchdog:
             multi_get = getattr(store, "multi_get", None)
             return verdict, multi_get(self._states) if multi_get else [store.get(k) for k in self._states]
         return verdict, [store.get(k) if store.check([k]) else None for k in self._states]
-
-    def _see(self, states: list, now: float) -> list[RankView]:
-        views = []
-        for rank, raw in enumerate(states):
-            if raw is None:  # not reporting yet: bounded as a start
-                idle = now - max(self._started_at, self._resumed)
-                views.append(RankView(rank, started=False, idle=idle, bound=self.startup_timeout))
-                continue
-            report = json.loads(raw)
-            beat, seen_at = self._peers.get(rank, (None, now))
-            if beat != report["beat"]:
-                self._peers[rank] = (report["beat"], now)
-                seen_at = now
-            age = now - max(seen_at, self._resumed)
-            fields = {k: report[k] for k in ("phase", "step", "bound", "block", "done", "waiting", "where")}
-            idle, quiet = report["idle"] + age, report["quiet"] + age
-            views.append(RankView(rank, idle=idle, quiet=quiet, heartbeat_age=age, **fields))
-        return views
 
     def _decide(self, stalled: list[RankView]) -> None:
         live = [v.rank for v in self._views if not v.done and v.started and v.heartbeat_age <= self._stale]

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ddp_utils.distributed import STALL_EXIT_CODE, DistEnvError, StallWatchdog, stall_timeout_from_env
-from ddp_utils.distributed.stall import RankView, blame_lines, find_stalled
+from ddp_utils.distributed.stall import Observer, RankView, blame_lines, find_stalled
 
 from ..multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
 
@@ -89,6 +89,31 @@ def test_a_rank_that_left_is_never_blamed_and_equal_ranks_are_told_apart_by_thei
     both = [waiting, RankView(1, "train", step=37, idle=130.0, bound=120.0, heartbeat_age=0.2, waiting=True)]
     assert [v.rank for v in find_stalled(both, **RULES)] == [0, 1]
     assert "ranks 0, 1 stopped at the same point" in blame_lines(find_stalled(both, **RULES), 10.0)[-1]
+
+
+def report(beat: int, idle: float, bound: float | None = 3.0, block: bool = False, phase: str = "train") -> str:
+    fields = dict(beat=beat, phase=phase, step=7, idle=idle, quiet=idle, bound=bound, block=block, done=False)
+    return json.dumps({**fields, "waiting": False, "where": ""})
+
+
+def test_a_verdict_stands_only_when_the_next_judgement_on_a_newer_report_agrees():
+    observer = Observer(startup_bound=900.0, stale=10.0, now=0.0)
+    stuck = observer.see([report(1, 5.0)], now=1.0, resumed=0.0)
+    assert not observer.confirmed(find_stalled(stuck, **RULES | {"dead_after": 3.0}))  # first sight
+    same_report = observer.see([report(1, 5.0)], now=1.5, resumed=0.0)
+    assert not observer.confirmed(find_stalled(same_report, **RULES | {"dead_after": 3.0}))  # no newer report
+    newer = observer.see([report(2, 6.0)], now=2.0, resumed=0.0)
+    assert observer.confirmed(find_stalled(newer, **RULES | {"dead_after": 3.0}))
+
+
+def test_waiting_while_a_rank_held_the_group_does_not_count_against_the_others():
+    observer = Observer(startup_bound=900.0, stale=10.0, now=0.0)
+    holding_views = observer.see([report(1, 8.0, bound=16.0, block=True), report(1, 8.0)], now=8.0, resumed=0.0)
+    assert holding_views[1].idle == 0.0 and find_stalled(holding_views, **RULES) == []
+    released = observer.see([report(2, 0.1), report(2, 10.0)], now=10.0, resumed=0.0)  # the block ended at 8 s
+    assert released[1].idle == 2.0 and find_stalled(released, **RULES) == []
+    later = observer.see([report(3, 0.1), report(3, 12.0)], now=12.0, resumed=0.0)
+    assert [v.rank for v in find_stalled(later, **RULES | {"dead_after": 120.0})] == [1]  # 4 s after the hold
 
 
 # --- settings, and no group ----------------------------------------------------------------------
@@ -221,7 +246,7 @@ def test_a_phase_that_overruns_its_own_bound_is_blamed():
 def test_a_rank_that_leaves_early_is_never_blamed(leaving_rank):
     workers = launch(f"{SCENARIOS}:leaves_early", 3, timeout=90, args=(leaving_rank, 8), env=stall_env(3))
     assert [w.returncode for w in workers] == [0, 0, 0] and finished(workers) == [0, 1, 2], describe(workers)
-    assert "stall" not in "".join(w.stderr for w in workers), describe(workers)
+    assert "stalled" not in "".join(w.stderr for w in workers), describe(workers)
 
 
 @pytest.mark.multiprocess
