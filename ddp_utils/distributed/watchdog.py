@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from ..log import LOGGER
 from .env import DistEnvError, dist_info
@@ -118,6 +118,19 @@ class _Entry:
     name: str
     first: bool  # the first run of this phase in this process: the startup bound for its first steps
     bound: Any  # _ADAPTIVE, or a phase() block's own seconds (None: unbounded)
+
+
+class Tracked(Generic[T]):
+    """Items that mark progress in a phase as they arrive (:meth:`StallWatchdog.track`); the wrapped one's len()."""
+
+    def __init__(self, watchdog: StallWatchdog, iterable: Iterable[T], phase: str) -> None:
+        self.watchdog, self.iterable, self.phase = watchdog, iterable, phase
+
+    def __iter__(self) -> Iterator[T]:
+        return self.watchdog._tracked(self.iterable, self.phase)
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
 
 
 class StallWatchdog:
@@ -243,12 +256,15 @@ class StallWatchdog:
             self._entry, self._name, self._step = outer
             self._restart_clock()
 
-    def track(self, iterable: Iterable[T], phase: str) -> Iterator[T]:
-        """Yield ``iterable``'s items, marking progress in ``phase`` as each arrives.
+    def track(self, iterable: Iterable[T], phase: str) -> Tracked[T]:
+        """``iterable``'s items, marking progress in ``phase`` as each arrives; ``len()`` as ``iterable``'s.
 
         The phase is entered before the first item is asked for: a loader's start (its workers,
         its first batch) is bounded as a phase's start, apart from its steady steps.
         """
+        return Tracked(self, iterable, phase)
+
+    def _tracked(self, iterable: Iterable[T], phase: str) -> Iterator[T]:
         if not self._blocks:
             self._enter(phase)
         for item in iterable:

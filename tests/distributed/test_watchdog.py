@@ -146,6 +146,7 @@ def test_without_a_process_group_it_is_a_no_op():
     with StallWatchdog(timeout=0.2, interval=0.05) as watchdog:
         assert not watchdog.active and threading.active_count() == threads
         assert list(watchdog.track(iter("abc"), "val")) == ["a", "b", "c"]
+        assert len(watchdog.track(range(5), "train")) == 5  # as train_one_epoch asks of its loader
         time.sleep(0.5)  # longer than the bound: nothing watches, nothing ends
         with watchdog.phase("metrics", None):
             watchdog.progress("train")
