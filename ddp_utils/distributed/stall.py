@@ -201,8 +201,9 @@ class Observer:
         )
 
 
-def blame_lines(stalled: list[RankView], stale: float) -> list[str]:
-    """One line per stalled rank, naming it and what its heartbeat says; one more when they tie.
+def blame_lines(stalled: list[RankView], stale: float, left: list[int] | tuple[int, ...] = ()) -> list[str]:
+    """One line per stalled rank, naming it and what its heartbeat says; one more when they tie, and one
+    naming the ranks that ``left`` their watchdog (finished, or failed) while these wait.
 
     Examples:
         >>> frozen = RankView(1, "train", step=37, idle=121.2, bound=120.0, heartbeat_age=118.0)
@@ -233,6 +234,11 @@ def blame_lines(stalled: list[RankView], stale: float) -> list[str]:
         lines.append(
             f"ranks {ranks} stopped at the same point: one of them holds up the others in a collective; "
             "compare their stacks above"
+        )
+    if left:
+        lines.append(
+            f"rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left the stall watchdog before (finished, "
+            "or failed: see the log); a collective waiting for a rank that left never ends"
         )
     return lines
 

@@ -396,7 +396,7 @@ class StallWatchdog:
 
     def _decide(self, stalled: list[RankView]) -> None:
         live = [v.rank for v in self._views if not v.done and v.started and v.heartbeat_age <= self._stale]
-        lines = blame_lines(stalled, self._stale)
+        lines = blame_lines(stalled, self._stale, left=[v.rank for v in self._views if v.done])
         verdict = json.dumps({"by": self.rank, "stalled": [v.rank for v in stalled], "lines": lines, "live": live})
         try:  # the first verdict stays: every rank ends with the same one
             stored = self._link.call(lambda store: store.compare_set(self._verdict_key, "", verdict))

@@ -88,6 +88,7 @@ def test_a_rank_that_left_is_never_blamed_and_equal_ranks_are_told_apart_by_thei
     computing = RankView(1, "train", step=37, idle=130.0, bound=120.0, heartbeat_age=0.2, where="model.py:9 in f")
     waiting = RankView(0, "train", step=37, idle=130.2, bound=120.0, heartbeat_age=0.2, waiting=True)
     assert find_stalled([waiting, computing, left], **RULES) == [computing]
+    assert blame_lines([computing], 10.0, left=[2])[-1].startswith("rank 2 left the stall watchdog before")
     both = [waiting, RankView(1, "train", step=37, idle=130.0, bound=120.0, heartbeat_age=0.2, waiting=True)]
     assert [v.rank for v in find_stalled(both, **RULES)] == [0, 1]
     assert "ranks 0, 1 stopped at the same point" in blame_lines(find_stalled(both, **RULES), 10.0)[-1]
