@@ -148,7 +148,7 @@ class BoundedStore:
         done = threading.Event()
         self._jobs.put((fn, box, done))
         if not done.wait(seconds):
-            self.lost = f"no answer within {seconds:.0f} s"
+            self.lost = f"no answer within {seconds:g} s"
             raise StoreLostError(self.lost)
         ok, value = box[0]
         if not ok:
