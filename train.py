@@ -15,144 +15,52 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import ddp_utils as du
-from ddp_utils import engine
-from ddp_utils.data import (
-    DevicePrefetcher,
-    DownloadError,
-    class_frequency,
-    create_dataloader,
-    create_val_dataloader,
-    epoch_image_weights,
-)
+from ddp_utils import engine, yolo
+from ddp_utils.data import DevicePrefetcher, class_frequency, epoch_image_weights
+from ddp_utils.engine import options
 from ddp_utils.engine.checkpoint import load_pretrained
 from ddp_utils.engine.optim_setup import optimizer_from_hyp
-from ddp_utils.engine.resume import TrainState, find_resume, gather_losses
-from ddp_utils.engine.run import Run, Training, add_yolov5_options, check_options, make_run_dir, record_run, start_run
-from ddp_utils.engine.run_report import epoch_line, finish_run, first_batches_plotter
-from ddp_utils.engine.trackers import TRACKERS, Trackers
-from ddp_utils.progress import PROGRESS_MODES, set_progress_mode
-from ddp_utils.yolo import (
-    ComputeLoss,
-    ForeignCheckpointError,
-    Model,
-    class_maps,
-    class_table,
-    evaluate,
-    fitness,
-    scale_loss_gains,
-)
+from ddp_utils.engine.resume import find_resume, start_state
+from ddp_utils.engine.run import Run, Training, make_run_dir, record_run, start_run
+from ddp_utils.engine.run_report import epoch_line, epoch_notes, finish_run, first_batches_plotter
+from ddp_utils.engine.run_saves import RunSaves
+from ddp_utils.engine.trackers import Trackers
+from ddp_utils.progress import set_progress_mode
 from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
-# the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
-USER_ERRORS = (
-    FileNotFoundError,
-    ValueError,
-    engine.CheckpointError,
-    ForeignCheckpointError,
-    du.DistEnvError,
-    DownloadError,  # offline, a dataset that is not here yet: one line naming the URL
-)
 
+def parse_opt(argv: list[str] | bool | None = None, known: bool = False) -> argparse.Namespace:
+    """The options from ``argv`` (default: the command line).
 
-def parse_opt(argv: list[str] | bool | None = None) -> argparse.Namespace:
-    """The options from ``argv`` (default: the command line); ``True``, as YOLOv5's ``parse_opt(known=True)``:
-    the command line's options that train.py knows, the rest ignored."""
+    ``known=True``, as YOLOv5's ``parse_opt(known=True)``: the options that train.py knows, the rest
+    ignored (``parse_opt(True)``, YOLOv5's positional form, means the same).
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = parser.add_argument
-    add("--weights", default="", help="checkpoint to start from, ours or YOLOv5's ('' trains from scratch)")
-    add("--cfg", default="yolov5n.yaml", help="model yaml (configs/models/ or a path)")
-    add("--data", default="shapes.yaml", help="dataset yaml (data/ or a path)")
-    add("--hyp", default=None, help="hyperparameter yaml; default: the data yaml's, else hyp.scratch-low.yaml")
-    add("--epochs", type=int, default=None, help="default: the data yaml's train_defaults, else 100")
-    add("--batch-size", type=int, default=16, help="total batch size over all processes; -1: AutoBatch (GPU)")
-    add("--imgsz", "--img", "--img-size", type=int, default=None, help="train/val size (px); default from data yaml")
-    add("--rect", action="store_true", help="rectangular training batches")
-    add(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=False,
-        help="resume the latest run, or the given <run>/weights/last.pt",
-    )
-    add("--nosave", action="store_true", help="only save the final checkpoint")
-    add("--noval", action="store_true", help="only validate after the final epoch")
-    add("--noplots", action="store_true", help="save no plots (labels, batches, results)")
-    add("--verbose", action="store_true", help="the per-class table after every validation, not only the last")
-    add("--cache", nargs="?", const="ram", default=None, choices=["ram", "disk"], help="cache images")
-    add("--image-weights", action="store_true", help="sample images by class weights (single process)")
-    add("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
-    add("--amp", default=None, choices=["fp16", "bf16", "off"], help="mixed precision; default fp16 on CUDA, else off")
-    add("--compile", action="store_true", help="torch.compile the model (slow to start; off by default)")
-    add("--multi-scale", action="store_true", help="vary image size +/- 50%%")
-    add("--single-cls", action="store_true", help="train multi-class data as single-class")
-    add("--optimizer", default="SGD", choices=["SGD", "Adam", "AdamW"])
-    add("--sync-bn", action="store_true", help="SyncBatchNorm across processes (DDP only)")
-    add("--workers", type=int, default=None, help="max data-loader workers per process (default: the cores' share)")
-    add("--project", default="runs/train", help="save to project/name")
-    add("--name", default="exp", help="save to project/name")
-    add("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
-    add("--quad", action="store_true", help="quad data loader")
-    add("--cos-lr", action="store_true", help="cosine LR schedule")
-    add("--label-smoothing", type=float, default=0.0)
-    add("--patience", type=int, default=100, help="epochs without improvement before stopping (0: never)")
-    add("--freeze", nargs="+", type=int, default=[0], help="freeze the first N layers, or the listed layers")
-    add("--save-period", type=int, default=-1, help="also save epochN.pt every N epochs (-1: never)")
-    add("--save-interval", type=float, default=30.0, help="minutes between mid-epoch saves of last.pt (0: never)")
-    add("--seed", type=int, default=0)
-    add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
-    add("--requeue-signal", help='save, requeue the SLURM job, exit on it (USR1 under SLURM, "none": off)')
-    add("--trackers", nargs="+", default=[], choices=TRACKERS, help="also log to MLflow and/or Weights & Biases")
-    add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")
-    add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
-    add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
-    # torch.distributed.launch passes --local_rank; the rank always comes from the environment
-    add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
-    if isinstance(argv, bool):
-        return parser.parse_known_args()[0] if argv else parser.parse_args()
-    return parser.parse_args(argv)
+    options.add_train_options(parser)  # YOLOv5's options, then ours: ddp_utils/engine/options.py
+    if isinstance(argv, bool):  # YOLOv5's parse_opt(True)
+        argv, known = None, known or argv
+    return parser.parse_known_args(argv)[0] if known else parser.parse_args(argv)
 
 
 def run(**kwargs) -> argparse.Namespace:
     """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``: the command line's known
-    options with ``kwargs`` set over them, then :func:`main`; returns the options. A name that is not one of
-    train.py's options is refused, naming it (YOLOv5 would set it and ignore it)."""
-    opt = parse_opt(True)
-    unknown = sorted(set(kwargs) - set(vars(opt)))
-    if unknown:
-        raise TypeError(f"train.run: no option named {', '.join(unknown)} (python train.py --help lists them)")
-    for name, value in kwargs.items():
-        setattr(opt, name, value)
+    options with ``kwargs`` set over them, then :func:`main`; returns the options.
+
+    Raises:
+        TypeError: a name that is not one of train.py's options (YOLOv5 would set it and ignore it).
+        ddp_utils.engine.OptionError: a value the command line refuses (``imgsz=-5``), a ``ValueError`` naming
+            the option, raised here instead of the command line's one line and exit code 2.
+    """
+    opt = options.options_with(parse_opt(known=True), kwargs, du.dist_info().world_size)
     main(opt)
     return opt
-
-
-def usage_error(message: str) -> NoReturn:
-    """A user's mistake: one line (once per node), exit code 2, no traceback; torchrun's report names it."""
-    du.distributed.exit_usage_error(f"train.py: error: {message}")
-
-
-@contextlib.contextmanager
-def user_errors():
-    """A wrong path, file or value in the inputs: one line and exit code 2, before any run directory."""
-    try:
-        yield
-    except USER_ERRORS as exc:
-        du.LOGGER.debug("the user error's traceback", exc_info=True)
-        usage_error(str(exc))
-    except du.RankFailedError as exc:  # the node's first process met the mistake (and said it): end alike
-        if not exc.leader_raised(*USER_ERRORS):
-            raise
-        usage_error(exc.leader_message)
 
 
 def main(opt: argparse.Namespace) -> None:
@@ -160,15 +68,15 @@ def main(opt: argparse.Namespace) -> None:
     info = du.dist_info()
     du.set_logging(info.rank)
     set_progress_mode(opt.progress)
-    with user_errors():  # bad combinations, a device that is not there: one line, before any rendezvous
-        check_options(opt, info.world_size)
+    with options.user_errors():  # bad combinations, a device that is not there: one line, before any rendezvous
+        options.check_options(opt, info.world_size)
         device = du.select_device(opt.device, batch_size=opt.batch_size if opt.batch_size > 0 else None)
     if opt.dist_debug:  # before the group forms: torch wraps it to check every collective across ranks
         du.distributed.enable_debug(Path(opt.project) / "dist_debug")
     du.init_distributed(device=device)
     finished = False
     try:
-        with user_errors():
+        with options.user_errors():
             # ---- resume: every reason to refuse is checked before anything is written ----
             resume = find_resume(opt, info, defaults=vars(parse_opt([])))
             if resume is not None and resume.finished:  # nothing to do, nothing written
@@ -189,6 +97,8 @@ def main(opt: argparse.Namespace) -> None:
         # ---- epochs, then finish ----
         train(run, fit, device, info)
         finished = True
+    except engine.TrainingDiverged as exc:  # every rank alike, after last.pt was saved: one line, no traceback
+        options.usage_error(str(exc), code=options.DIVERGED_EXIT_CODE)
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
 
@@ -197,7 +107,7 @@ def build_model(run: Run, device: torch.device, info: du.DistInfo) -> tuple[Run,
     """The model: pretrained tensors where name and shape match, frozen layers, the size on its stride."""
     opt = run.opt
     ckpt = run.resume.ckpt if run.resume else load_pretrained(opt.weights) if opt.weights else None
-    model = Model(ckpt["model_cfg"] if ckpt else opt.cfg, ch=3, nc=run.nc).to(device)  # YOLOv5's files too
+    model = yolo.Model(ckpt["model_cfg"] if ckpt else opt.cfg, ch=3, nc=run.nc).to(device)  # YOLOv5's files too
     if ckpt is not None and run.resume is None:
         done, total = transfer_weights(model, ckpt["model"])
         du.LOGGER.info(f"transferred {done}/{total} tensors from {opt.weights}")
@@ -220,10 +130,10 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int) -> tuple:
     opt, batch = run.opt, run.batch_size // info.world_size
     common = dict(single_cls=opt.single_cls, hyp=run.hyp, cache=opt.cache, rank=info.local_rank, workers=opt.workers)
     train_options = dict(rect=opt.rect, image_weights=opt.image_weights, quad=opt.quad, shuffle=True, seed=opt.seed)
-    train_loader, dataset = create_dataloader(
+    train_loader, dataset = du.create_dataloader(
         run.data["train"], run.imgsz, batch, gs, augment=True, prefix="train: ", **train_options, **common
     )
-    val_loader, _ = create_val_dataloader(run.data["val"], run.imgsz, batch * 2, gs, prefix="val: ", **common)
+    val_loader, _ = du.create_val_dataloader(run.data["val"], run.imgsz, batch * 2, gs, prefix="val: ", **common)
     dataset.check_classes(run.nc, opt.data)  # a label class >= nc: one line naming the label file
     return train_loader, val_loader, dataset
 
@@ -240,16 +150,10 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     optim = optimizer_from_hyp(model, run.hyp, name=opt.optimizer, cos_lr=opt.cos_lr, **sizes)
     ema = engine.ModelEMA(model)
     scaler = torch.amp.GradScaler("cuda", enabled=run.amp == "fp16")  # bf16 needs no loss scaling
-    state = TrainState()
-    if run.resume is not None:
-        state = engine.restore_training(run.resume.ckpt, model, optim.optimizer, ema, scaler)
-        if state.batch and state.batches != len(train_loader):  # another dataset or batch size than it was saved with
-            du.LOGGER.warning(f"the run stopped at {state.where()}, but an epoch has {len(train_loader)} batches now")
-            state.batch = 0
-    state = dataclasses.replace(state, batches=len(train_loader), batch_size=run.batch_size)
+    state = start_state(run.resume, model, optim.optimizer, ema, scaler, len(train_loader), run.batch_size)
     optim.scheduler.last_epoch = state.epoch - 1  # the schedule follows the epoch (lr from the optimizer's state)
-    loss_gains = scale_loss_gains(run.hyp, model.model[-1].nl, run.nc, run.imgsz, opt.label_smoothing)  # to model, size
-    compute_loss = ComputeLoss(model, loss_gains, across_ranks=True)  # normalised over the global batch
+    gains = yolo.scale_loss_gains(run.hyp, model.model[-1].nl, run.nc, run.imgsz, opt.label_smoothing)  # to the model
+    compute_loss = yolo.ComputeLoss(model, gains, across_ranks=True)  # normalised over the global batch
     if channels_last:
         engine.to_channels_last(ema.ema)
     # SyncBatchNorm and DDP (it broadcasts rank 0's weights), then compile on request (Dynamo sees DDP);
@@ -260,61 +164,61 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     multi_scale = (run.imgsz, gs, opt.seed) if opt.multi_scale else None
     settings = dict(amp=run.amp, world_size=info.world_size, multi_scale=multi_scale, channels_last=channels_last)
     parts = (model, optim.optimizer, scaler, ema, compute_loss, optim.accumulate, optim.warmup)
-    step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)
+    step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)  # after every wrapper: see its guard
+    step.guard.counts[0] = state.skipped  # the run's skipped steps go on counting from a resume's
     return Training(step, optim.scheduler, train_loader, val_loader, labels, state)
 
 
 def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> dict:
-    """The epochs: train, validate, log, save; stop early, on a signal (save, requeue) or at the end.
+    """The epochs: train, validate, log, save; stop early, on a signal (save, requeue), when steps stay non-finite
+    (save the last finite state, raise TrainingDiverged), or at the end.
 
-    A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer
-    step: last.pt records the batch, and --resume continues at the next one, with any number of processes.
+    A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer step, or
+    cuts a validation short: last.pt records the batch, and --resume continues at the next one.
     """
     opt, step = run.opt, fit.step
-    logger, stopper, checkpoints = open_records(run, fit, info)
-    requeue = engine.signals.requeue_signal(opt.requeue_signal)  # checked by check_options
-    stop_signals = dict(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(requeue,) if requeue else ())
-    signalled = stop = False
-    with logger, engine.PreemptionHandler(**stop_signals) as preemption:  # an error: the trackers' runs FAILED
+    logger, stopper, saves, control = open_records(run, fit, info)
+    stats, stop = None, False
+    with logger, control:  # an error: the trackers' runs FAILED
         for epoch in range(fit.state.epoch, run.epochs):
-            stats = train_epoch(run, fit, device, info, preemption, checkpoints)
-            if stats.stopped:  # every rank stopped after the same step (or at the epoch's end, not validated)
-                save_mid_epoch(stats, fit, checkpoints, info, stopped=True)
-                signalled = True
+            skipped = control.skipped
+            stats = train_epoch(run, fit, device, info, control, saves)
+            if control.epoch_end(step):  # a signal in the epoch or its last step, or non-finite steps: save first
                 break
             lrs = [group["lr"] for group in step.optimizer.param_groups]
-            fit.scheduler.step()
             train_loss = du.reduce_tensor(stats.loss, op="mean").cpu()
-            metrics, val_loss = validate(run, fit, device, epoch)
-            stop = du.any_rank(bool(stopper(epoch, fitness(metrics))))
-            best = fitness(metrics) >= fit.state.best_fitness
-            maps = class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
-            fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps)
-            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs))
-            resumed = f"; resumed at epoch {epoch + 1}, batch {stats.start}/{stats.batch}" if stats.start else ""
-            du.LOGGER.info(epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size)) + resumed)
-            # a signal during validation: this epoch is saved whole, and the run stops before the next
-            signalled = preemption.requested_anywhere() and not stop and fit.state.epoch < run.epochs
-            if info.is_main and (not opt.nosave or epoch + 1 == run.epochs or stop or signalled):
-                parts = (epoch, step.model, step.ema, step.optimizer, step.scaler, fit.state.best_fitness)
-                checkpoints.save(*parts, best=best, state=fit.state)
-                if signalled:
-                    du.LOGGER.warning(stopped_line(fit.state, checkpoints.last))
-            if stop or signalled:
+            try:
+                metrics, val_loss = validate(run, fit, device, epoch, control)
+            except yolo.ValidationInterrupted:  # a signal during validation: the trained epoch is saved, unvalidated
+                control.stop_anywhere()
                 break
-        checkpoints.wait()
-        if signalled and preemption.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
-            engine.signals.requeue_job()
+            fit.scheduler.step()
+            stop = du.any_rank(bool(stopper(epoch, yolo.fitness(metrics))))
+            best = yolo.fitness(metrics) >= fit.state.best_fitness
+            maps = yolo.class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
+            fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps, control.skipped)
+            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.skipped - skipped))
+            line = epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size))
+            du.LOGGER.info(line + epoch_notes(epoch, stats, control.skipped - skipped))
+            stats, stop = None, control.stop_anywhere() or stop  # a signal during the validation's last moments
+            if not opt.nosave or fit.state.epoch == run.epochs or stop:
+                saves.save(fit, best=best)
+            if stop:
+                break
+        if control.reason is not None:  # last.pt of where training stopped, on disk before the process ends
+            saves.stop(fit, stats)
+        saves.checkpoints.wait()
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
-    if info.is_main and not signalled:
+    stopped = control.reason is not None
+    if info.is_main and not stopped:
         finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not opt.noplots)
-        logger.log_weights([checkpoints.best, checkpoints.last])
-    logger.close(finished=not signalled)
+        logger.log_weights([saves.checkpoints.best, saves.checkpoints.last])
+    logger.close(finished=not stopped)
     return fit.state.metrics()[0]
 
 
-def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, preemption, checkpoints):
+def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, saves):
     """One epoch, or what a resumed one has left: the loader starts at the batch to continue at."""
     opt, state = run.opt, fit.state
     if opt.image_weights:  # YOLOv5's --image-weights: rare and badly detected classes drawn more often
@@ -322,7 +226,6 @@ def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo
     fit.train_loader.set_epoch(state.epoch, start_batch=state.batch)
     batches = DevicePrefetcher(fit.train_loader, device, fit.step.channels_last)  # on CUDA: copies overlap
     plot = first_batches_plotter(run.save_dir, run.names, info.is_main and state.epoch == 0 and not opt.noplots)
-    clock = checkpoints.save_due if info.is_main and not opt.nosave else None  # rank 0's; the poll tells every rank
     return engine.train_one_epoch(
         fit.step,
         batches,
@@ -331,43 +234,15 @@ def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo
         start=state.batch,
         loss=state.rank_loss(info.rank, info.world_size),
         epochs=run.epochs,
-        preemption=preemption,
-        save_due=clock,
-        on_save=lambda now: save_mid_epoch(now, fit, checkpoints, info),
+        control=control,  # after every step: go on, save (rank 0's clock, every rank agrees) or stop
+        on_save=lambda now: saves.periodic(fit, now),
         progress=info.is_main,
         on_batch=plot,
     )
 
 
-def save_mid_epoch(stats: engine.EpochStats, fit: Training, checkpoints, info: du.DistInfo, stopped=False) -> None:
-    """Every rank: last.pt at the batch ``stats`` reached (rank 0 writes; the others go on at once).
-
-    The ranks' running losses are gathered (a collective) so the epoch's mean loss comes out the same.
-    """
-    state = dataclasses.replace(
-        fit.state,
-        batch=stats.batch,
-        last_opt_step=fit.step.last_opt_step,
-        loss=gather_losses(stats.loss),
-        world_size=info.world_size,
-    )
-    if not info.is_main:
-        return
-    step, last = fit.step, checkpoints.last
-    parts = (state.epoch - 1, step.model, step.ema, step.optimizer, step.scaler, state.best_fitness)
-    checkpoints.save(*parts, periodic=False, state=state)
-    if stopped:
-        du.LOGGER.warning(stopped_line(state, last))
-    else:
-        du.LOGGER.info(f"saved {last} at {state.where()} (training waited {checkpoints.blocked_seconds:.2f} s)")
-
-
-def stopped_line(state: TrainState, last: Path) -> str:
-    return f"stopped at {state.where()}: saved {last}; continue with: python train.py --resume {last}"
-
-
 def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
-    """results.csv, early stopping and the checkpoints (rank 0 writes), and the run's summary line."""
+    """results.csv, early stopping, the checkpoints (rank 0 writes), the run's control, and its summary line."""
     params = {"opt": run.options(), "hyp": run.hyp}
     trackers = Trackers(run.opt.trackers if info.is_main else [], run.save_dir, Path(run.opt.project), params)
     logger = engine.ResultsLogger(run.save_dir, fit.state.epoch, trackers=trackers, enabled=info.is_main)
@@ -376,25 +251,30 @@ def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
     stopper = engine.EarlyStopping(patience=run.opt.patience)
     if fit.state.best_epoch >= 0:  # a resumed run counts its patience from its best epoch
         stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
-    periods = dict(save_period=run.opt.save_period, interval_minutes=run.opt.save_interval, background=True)
-    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, **periods)
+    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, run.opt.save_period, background=True)
+    control = engine.StepControl(**options.control_settings(run.opt, info.is_main))  # signals, save clock (rank 0's)
     du.LOGGER.info(
         f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
         f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
         f"{run.epochs} epochs, logging to {run.save_dir}"
     )
-    return logger, stopper, checkpoints
+    return logger, stopper, RunSaves(checkpoints, control, info), control
 
 
-def validate(run: Run, fit: Training, device: torch.device, epoch: int) -> tuple[dict, torch.Tensor]:
-    """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones."""
+def validate(run: Run, fit: Training, device: torch.device, epoch: int, control) -> tuple[dict, torch.Tensor]:
+    """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones.
+
+    Raises:
+        yolo.ValidationInterrupted: a stop signal arrived on some rank (every rank raises it).
+    """
     final_epoch = epoch + 1 == run.epochs
     if run.opt.noval and not final_epoch:
         return fit.state.metrics()  # results.csv reports the last validation again, as YOLOv5's does
     fit.step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
-    metrics, val_loss = evaluate(fit.step.ema.ema, fit.val_loader, fit.step.compute_loss, device=device, verbose=False)
+    ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, control.stop_requested  # a signal cuts it short
+    metrics, val_loss = yolo.evaluate(ema, fit.val_loader, loss, device=device, verbose=False, stop=stop)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
-        du.LOGGER.info(class_table(metrics, run.names, per_class=True if run.opt.verbose else None))
+        du.LOGGER.info(yolo.class_table(metrics, run.names, per_class=True if run.opt.verbose else None))
     return metrics, val_loss
 
 

@@ -7,7 +7,7 @@
 3. loader: ``create_dataloader`` wrapped in :class:`~ddp_utils.data.DevicePrefetcher` alone, on a
    generated shapes set (mosaic, batch): the data bound;
 4. loop: :func:`~ddp_utils.engine.train_one_epoch` over that prefetched loader, as train.py calls it
-   (the model wrapped by ``wrap_model``, warm-up, a PreemptionHandler polled each step);
+   (the model wrapped by ``wrap_model``, warm-up, a StepControl asked after each step);
 5. ddp: the same loop in one process under ``torchrun --nproc_per_node 1``: the DDP wrapper, the
    preemption poll and NCCL (gloo on the CPU) in the loop;
 6. train.py itself as a subprocess (``--train-py``), its epoch lines parsed.
@@ -47,7 +47,7 @@ from ddp_utils.data import DevicePrefetcher, create_dataloader, load_hyp  # noqa
 from ddp_utils.data.synthetic import DEFAULT_CLASSES, make_shapes_dataset  # noqa: E402
 from ddp_utils.engine import (  # noqa: E402
     ModelEMA,
-    PreemptionHandler,
+    StepControl,
     TrainStep,
     Warmup,
     accumulate_steps,
@@ -241,11 +241,11 @@ def loop(opt, device: torch.device, train_dir: Path, hyp, distributed: bool = Fa
     nb = len(loader)
     step = build(opt, device, hyp, nb, distributed)
     epochs, speeds = epochs_for(opt, nb), []
-    with PreemptionHandler() as preemption:
+    with StepControl() as control:
         for epoch in range(epochs):
             loader.set_epoch(epoch) if hasattr(loader, "set_epoch") else None
             batches = DevicePrefetcher(loader, device, step.channels_last)
-            stats = train_one_epoch(step, batches, epoch, device, nb=nb, epochs=epochs, preemption=preemption)
+            stats = train_one_epoch(step, batches, epoch, device, nb=nb, epochs=epochs, control=control)
             speeds.append(stats.speed(du.get_world_size()))
     close = getattr(loader, "close", None)
     if close:

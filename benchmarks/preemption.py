@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -128,16 +129,17 @@ def save_part(models: list[str], repeats: int, device: torch.device) -> None:
     print("|---|---|---|---|---|---|---|")
     for cfg in models:
         model, ema, optimizer = trained_state(cfg, device)
+        training = SimpleNamespace(model=model, ema=ema, optimizer=optimizer)
         with tempfile.TemporaryDirectory() as tmp:
             background = Checkpointer(Path(tmp) / "bg", opt={"epochs": 1}, background=True)
             inline = Checkpointer(Path(tmp) / "inline", opt={"epochs": 1})
             held, writes, whole = [], [], []
             for _ in range(repeats):
-                background.save(0, model, ema, optimizer, periodic=False, state=TrainState(epoch=0, batch=1))
+                background.save(TrainState(epoch=0, batch=1), training)
                 held.append(background.blocked_seconds)
                 background.wait()
                 writes.append(background.writer.last_seconds)
-                inline.save(0, model, ema, optimizer, periodic=False, state=TrainState(epoch=0, batch=1))
+                inline.save(TrainState(epoch=0, batch=1), training)
                 whole.append(inline.blocked_seconds)
             size = (Path(tmp) / "inline" / "weights" / "last.pt").stat().st_size
         params = sum(p.numel() for p in model.parameters())

@@ -1,9 +1,9 @@
-"""Every figure the README states, measured again: one command, a short table to copy from.
+"""The main job's figures and the model summaries, measured again: one command, a short table to copy from.
 
     python benchmarks/readme_figures.py            # the main job (minutes on 2 cores), then the rest
     python benchmarks/readme_figures.py --skip-main-job
 
-What it measures, and the README sentence each figure belongs to:
+What it measures, and where each figure is stated (README.md, and the docs/ page named):
 
 - the main job, ``python train.py`` exactly as the README types it, run from a fresh temporary
   directory (the synthetic dataset is generated inside it): its wall time, its CPU time (all
@@ -11,13 +11,13 @@ What it measures, and the README sentence each figure belongs to:
   resident memory of its process tree (sampled from /proc) and of its largest process
   (``ru_maxrss``), mAP@0.5 and mAP@0.5:0.95 after the last epoch, after epoch 1, and at the best
   epoch (by mAP@0.5:0.95), all read from the run's results.csv;
-- the model summaries of the Profiling section: ``model_info`` of yolov5n and yolov5s at 640 px,
+- the model summaries of docs/profiling.md: ``model_info`` of yolov5n and yolov5s at 640 px,
   unfused (the summary line) and fused (the numbers compared with YOLOv5's published table);
-- the JPEG decode ratio of the data section: ``read_image`` (simplejpeg) over ``cv2.imread`` on the
+- the JPEG decode ratio of docs/data.md: ``read_image`` (simplejpeg) over ``cv2.imread`` on the
   main job's validation images.
 
-The test-suite duration and the fault-test timings in the README come from running the tests, not
-from here. Never run by the tests.
+The README's other figures name their own benchmark; the test-suite duration (docs/development.md) and
+the fault-test timings (docs/reliability.md) come from running the tests, not from here. Never run by the tests.
 """
 
 from __future__ import annotations

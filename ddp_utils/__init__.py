@@ -30,7 +30,7 @@ from .profiling import FlopsReport, flops, format_table, model_info, profile
 from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, seed_worker, set_cudnn_mode, worker_seed
 from .yolo import ComputeLoss, Model, evaluate, fitness, non_max_suppression, scale_boxes
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it; CHANGELOG.md
 
 __all__ = [
     "launch_key",

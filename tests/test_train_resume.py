@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -192,8 +193,8 @@ def make_run(project: Path, epochs: int = 3, epoch_done: int = 0, name: str = "e
     model = nn.Linear(2, 1)
     checkpoints = Checkpointer(save_dir, opt=opt, hyp={"lr0": 0.01}, save_period=1)
     state = TrainState(epoch=epoch_done + 1, batches=8, batch_size=8)
-    checkpoints.save(epoch_done, model, ModelEMA(model), torch.optim.SGD(model.parameters(), lr=0.1), best=True,
-                     state=state)  # fmt: skip
+    training = SimpleNamespace(model=model, ema=ModelEMA(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    checkpoints.save(state, training, best=True)
     return save_dir
 
 
@@ -309,4 +310,24 @@ def test_a_total_batch_the_new_number_of_processes_cannot_share_is_one_line(tmp_
     assert result.returncode == 1, describe([result])  # torchrun's own code when a worker fails (each exits 2)
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(errors) == 1 and "8 images per step in total, which 3 processes cannot share" in errors[0], result.stderr
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("given", ["the run directory", "its weights directory"])
+def test_resume_given_a_run_directory_continues_its_weights_last_pt(tmp_path, given):
+    save_dir = make_run(tmp_path / "runs", epochs=2, epoch_done=1)  # finished: resuming it writes nothing
+    before = snapshot(tmp_path)
+    result = resume(save_dir if given == "the run directory" else save_dir / "weights", tmp_path)
+    assert result.returncode == 0, describe([result])
+    assert f"{save_dir / 'weights' / 'last.pt'} has finished all 2 epochs: nothing to resume" in result.stderr, (
+        describe([result])
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_resume_given_a_directory_without_weights_last_pt_says_so(tmp_path):
+    empty_run = tmp_path / "runs" / "exp"
+    (empty_run / "weights").mkdir(parents=True)
+    before = snapshot(tmp_path)
+    assert_refused(resume(empty_run, tmp_path), f"--resume {empty_run}: a directory without weights/last.pt")
     assert snapshot(tmp_path) == before

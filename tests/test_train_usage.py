@@ -100,3 +100,24 @@ def test_train_log_in_a_file_has_plain_progress_lines_and_off_has_none_and_files
     assert "\r" not in text and "100%" not in text and not re.search(r"\d+/\d+ \d+%", text), text
     assert re.search(r"^epoch 1/1: loss ", text, re.M), text  # the epoch line stays
     assert stat.S_IMODE((run_dir / "weights" / "last.pt").stat().st_mode) == 0o640
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--imgsz", "-5"], "--imgsz -5: give the image size in pixels"),
+        (["--epochs", "0"], "--epochs 0: train at least one epoch"),
+        (["--imgsz", "100000"], "--imgsz 100000: one batch of 16 images of 100000 x 100000 px needs at least"),
+        (["--seed", "99999999999999999999"], "--seed 99999999999999999999: give a seed >= 0 and at most 2**63 - 1"),
+    ],
+)
+def test_a_bad_option_value_is_one_line_exit_2_before_anything_is_written(args, named, tmp_path):
+    project, datasets = tmp_path / "runs", tmp_path / "datasets"
+    cmd = [sys.executable, "train.py", "--device", "cpu", "--project", str(project), *args]
+    result = run(cmd, train_env(datasets=datasets), 100)
+    assert result.returncode == 2, describe([result])
+    errors = [line for line in result.stderr.splitlines() if "train.py: error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"train.py: error: {named}"), describe([result])
+    assert "Traceback" not in result.stderr, describe([result])
+    assert not project.exists() and not datasets.exists()  # refused before the data or a run directory

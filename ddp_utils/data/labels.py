@@ -17,6 +17,7 @@ hash, reading and writing live in :mod:`ddp_utils.data.label_cache`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -161,16 +162,34 @@ def img2label_paths(im_files: Sequence[str]) -> list[str]:
     return out
 
 
-def label_cache_path(im_files: Sequence[str]) -> Path:
-    """The cache file for these images: beside their labels directory, e.g. ``labels/train.ddp.cache``.
+def label_cache_path(im_files: Sequence[str], source: str | Path | Sequence[str | Path] | None = None) -> Path:
+    """The cache file for these images, named by the split's ``source`` so that two splits never share one.
+
+    A directory (or no ``source``): beside its labels directory, ``labels/train.ddp.cache``. A ``.txt``
+    list: beside the list, ``train2017.txt`` -> ``train2017.ddp.cache`` (where YOLOv5 keeps its
+    ``.cache``). Anything else (an image, several sources): ``labels/train.<hash of the sources>.ddp.cache``.
+    A directory and a list of some of its images then keep a cache each, instead of rebuilding one
+    whenever the other was used last.
 
     Examples:
         >>> label_cache_path(["/data/coco/images/train/a.jpg"]).as_posix()
         '/data/coco/labels/train.ddp.cache'
+        >>> label_cache_path(["/data/coco/images/train/a.jpg"], "/data/coco/train2017.txt").as_posix()
+        '/data/coco/train2017.ddp.cache'
+        >>> label_cache_path(["/data/coco/images/train/a.jpg"], ["/data/a.txt", "/data/b"]).name[:6]
+        'train.'
     """
     if not im_files:
         raise ValueError("label_cache_path: no image files given")
     labels_dir = Path(img2label_paths([im_files[0]])[0]).parent
+    sources = [] if source is None else [source] if isinstance(source, (str, Path)) else list(source)
+    if len(sources) == 1 and Path(sources[0]).suffix.lower() == ".txt":
+        listed = Path(sources[0]).expanduser()
+        return listed.with_name(listed.stem + CACHE_SUFFIX)
+    if len(sources) > 1 or (sources and not Path(sources[0]).expanduser().is_dir()):
+        names = "\n".join(os.path.abspath(Path(s).expanduser()) for s in sources)
+        key = hashlib.sha256(names.encode()).hexdigest()[:8]
+        return labels_dir.parent / f"{labels_dir.name}.{key}{CACHE_SUFFIX}"
     return labels_dir.parent / (labels_dir.name + CACHE_SUFFIX)
 
 

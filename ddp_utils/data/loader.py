@@ -288,7 +288,7 @@ def _build(  # noqa: PLR0913 (the two public builders' arguments, passed on)
     # cache (and the RAM image cache); the others then read what it wrote.
     with torch_distributed_zero_first(rank, key=f"labels:{path}"):
         im_files = find_images(path, prefix)
-        label_set = load_labels(im_files, label_cache_path(im_files), prefix=prefix)
+        label_set = load_labels(im_files, label_cache_path(im_files, source=path), prefix=prefix)
         dataset = YoloDataset(
             label_set,
             prefix=prefix,

@@ -46,7 +46,10 @@ class GroupBatchNorm(_BatchNorm):
 
     Args:
         num_features: channels.
-        eps, momentum, affine, track_running_stats: as :class:`torch.nn.BatchNorm2d`.
+        eps: as :class:`torch.nn.BatchNorm2d`.
+        momentum: as :class:`torch.nn.BatchNorm2d`.
+        affine: as :class:`torch.nn.BatchNorm2d`.
+        track_running_stats: as :class:`torch.nn.BatchNorm2d`.
         process_group: the group to share statistics with; None: the default group.
         spatial_dims: 1, 2 or 3: the plain BatchNorm it stands for (what :func:`revert_sync_batchnorm` gives).
 

@@ -12,9 +12,13 @@ What lives where:
   ``find_resume`` (find and check, before any write), ``restore_training``, ``latest_checkpoint``.
 - ``optim.py``: the optimizer's parameter groups, LR schedules (``one_cycle``), warm-up, accumulation.
   ``optim_setup.py``: :func:`optimizer_from_hyp`, all of them built from a hyperparameter yaml.
-- ``run.py``: one training run: the settled options (:class:`Run`), their checks, the run directory;
+- ``options.py``: train.py's options and their checks (a bad one is an :class:`OptionError`, a ``ValueError``
+  naming the option), user mistakes as one line; ``run.py``: one training run: the settled options
+  (:class:`Run`), the run directory, what its epochs work with (:class:`~ddp_utils.engine.run.Training`);
   ``run_report.py``: the epoch line and its parser, the first batches' plots, the finished run's last words.
-- ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> save and stop).
+- ``control.py``: :class:`StepControl`, per step go on / save / stop, the same on every rank (signals, the save
+  clock, non-finite steps); ``guard.py``: :class:`NonFiniteGuard` (a non-finite step skipped on the device).
+- ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> a flag).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
 - ``memory_format.py``: channels_last on CUDA; ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
@@ -44,8 +48,10 @@ from .checkpoint import (
     strip_optimizer,
     to_plain,
 )
+from .control import Action, StepControl
 from .early_stop import EarlyStopping
 from .ema import ModelEMA
+from .guard import NonFiniteGuard, TrainingDiverged
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
 from .loop import EpochStats, TrainStep, train_one_epoch
 from .memory_format import to_channels_last, use_channels_last
@@ -62,13 +68,18 @@ from .optim import (
     scaled_weight_decay,
     smart_optimizer,
 )
+from .options import OptionError
 from .plots import class_color, plot_images, plot_labels, plot_results
-from .resume import TrainState, latest_checkpoint, restore_training
+from .resume import ResumeError, TrainState, latest_checkpoint, restore_training
 from .signals import PreemptionHandler
 from .wrap import wrap_model
 
 __all__ = [
     "AMP_DTYPES",
+    "Action",
+    "NonFiniteGuard",
+    "StepControl",
+    "TrainingDiverged",
     "EpochStats",
     "TrainStep",
     "autobatch",
@@ -89,8 +100,10 @@ __all__ = [
     "CheckpointWriteError",
     "EarlyStopping",
     "ModelEMA",
+    "OptionError",
     "PreemptionHandler",
     "ResultsLogger",
+    "ResumeError",
     "TrainState",
     "UnsafeCheckpointError",
     "Warmup",

@@ -36,6 +36,7 @@ RESULTS_COLUMNS = (
     "x/lr0",
     "x/lr1",
     "x/lr2",
+    "train/skipped_steps",  # after YOLOv5's columns, so tools that read those by position still do
 )
 
 
@@ -96,7 +97,11 @@ def yaml_save(file: str | Path = "data.yaml", data: Mapping[str, Any] | Any = No
 
 
 def results_values(
-    train_loss: Sequence[float], metrics: Mapping[str, float], val_loss: Sequence[float], lrs: Sequence[float]
+    train_loss: Sequence[float],
+    metrics: Mapping[str, float],
+    val_loss: Sequence[float],
+    lrs: Sequence[float],
+    skipped: int = 0,
 ) -> dict[str, float]:
     """Name one epoch's numbers with results.csv's columns (all but "epoch").
 
@@ -105,6 +110,7 @@ def results_values(
         metrics: ``evaluate``'s dict with "precision", "recall", "map50", "map".
         val_loss: validation (box, obj, cls) loss.
         lrs: the learning rate of each parameter group (``[g["lr"] for g in optimizer.param_groups]``).
+        skipped: the epoch's optimizer steps skipped because their gradients were not finite.
 
     Examples:
         >>> v = results_values([1, 2, 3], {"precision": 0.5, "recall": 0.4, "map50": 0.3, "map": 0.2}, [4, 5, 6],
@@ -117,11 +123,12 @@ def results_values(
         *(float(metrics[k]) for k in ("precision", "recall", "map50", "map")),
         *(float(x) for x in val_loss),
         *(float(x) for x in lrs),
+        float(skipped),
     ]
     if len(numbers) != len(RESULTS_COLUMNS) - 1:
         raise ValueError(
             f"results_values: got {len(numbers)} numbers for {len(RESULTS_COLUMNS) - 1} columns "
-            "(expected 3 train losses, 4 metrics, 3 val losses and 3 learning rates)"
+            "(expected 3 train losses, 4 metrics, 3 val losses, 3 learning rates and the skipped steps)"
         )
     return dict(zip(RESULTS_COLUMNS[1:], numbers))
 
@@ -201,6 +208,9 @@ class ResultsLogger:
             rows = [[cell.strip() for cell in row] for row in csv.reader(f) if row]
         if not rows:
             return
+        if tuple(rows[0]) == RESULTS_COLUMNS[:-1]:  # written before the skipped steps were counted: none were
+            rows = [list(RESULTS_COLUMNS), *(row + ["0"] for row in rows[1:] if len(row) == len(rows[0]))]
+            self._rewrite(rows)
         if tuple(rows[0]) != RESULTS_COLUMNS:
             raise ValueError(
                 f"{self.csv} has columns {rows[0]}, not results.csv's {list(RESULTS_COLUMNS)}: "
@@ -213,13 +223,17 @@ class ResultsLogger:
         kept = [row for row in complete if int(float(row[0])) < start_epoch]
         if len(kept) == len(rows) - 1:
             return
+        self._rewrite([rows[0], *kept])
+        LOGGER.info(f"{self.csv}: kept {len(kept)} epochs before {start_epoch}, dropped {len(rows) - 1 - len(kept)}")
+
+    def _rewrite(self, rows: list[list[str]]) -> None:
+        """Replace results.csv by ``rows`` atomically."""
         buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows([rows[0], *kept])
+        csv.writer(buffer, lineterminator="\n").writerows(rows)
         fd, tmp = mkstemp_shared(self.save_dir, prefix=".results.", suffix=".csv.tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(buffer.getvalue())
         os.replace(tmp, self.csv)
-        LOGGER.info(f"{self.csv}: kept {len(kept)} epochs before {start_epoch}, dropped {len(rows) - 1 - len(kept)}")
 
     def log(self, epoch: int, values: Mapping[str, float]) -> None:
         """Write epoch ``epoch``'s row; ``values`` has every column but "epoch" (see :func:`results_values`).

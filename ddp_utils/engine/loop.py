@@ -24,7 +24,9 @@ from ..data.multiscale import multi_scale_resize
 from ..data.prefetch import images_to_float
 from ..progress import progress, progress_mode
 from .amp import AMP_DTYPES
+from .control import Action
 from .ema import ModelEMA
+from .guard import NonFiniteGuard
 from .optim import Warmup
 
 
@@ -38,7 +40,9 @@ class TrainStep:
 
     Args:
         model: the model being trained (DDP-wrapped or not).
-        optimizer, scaler, ema: the optimizer, a GradScaler (disabled unless fp16), the EMA.
+        optimizer: the optimizer.
+        scaler: a GradScaler (disabled unless fp16).
+        ema: the :class:`~ddp_utils.engine.ModelEMA`.
         compute_loss: ``(pred, targets) -> (loss, loss_items)``.
         accumulate: the target number of batches per optimizer step (nominal batch / batch).
         warmup: ramps lr, momentum and accumulation; None for none.
@@ -48,6 +52,9 @@ class TrainStep:
             (``--multi-scale``: the same on every rank), or None.
         channels_last: put input batches in channels_last memory format (CUDA conv models).
         max_grad_norm: gradient clipping norm.
+        guard_nonfinite: skip optimizer steps whose gradients are not finite and keep BatchNorm's statistics
+            from them (:class:`~ddp_utils.engine.guard.NonFiniteGuard`, built here: make the step after the
+            model's last conversion, since it rebinds BatchNorm's buffers into one tensor).
     """
 
     model: nn.Module
@@ -63,7 +70,14 @@ class TrainStep:
     channels_last: bool = False
     max_grad_norm: float = 10.0
     last_opt_step: int = -1
+    guard_nonfinite: bool = True
     optimizer_steps: int = field(default=0, init=False)
+    guard: NonFiniteGuard | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.guard_nonfinite:
+            device = next(self.model.parameters()).device
+            self.guard = NonFiniteGuard(self.model, device, fp16=self.amp == "fp16")
 
     def prepare(self, imgs: torch.Tensor, device: torch.device) -> torch.Tensor:
         """A batch as floats in [0, 1] on ``device`` (channels_last when asked).
@@ -84,18 +98,25 @@ class TrainStep:
         no_sync = getattr(self.model, "no_sync", None)
         # a DDP all-reduce after a backward that no optimizer step follows would only be repeated later
         sync = contextlib.nullcontext() if optimizer_step or no_sync is None else no_sync()
+        if self.guard is not None:
+            self.guard.before_forward()
         with sync:
             with torch.autocast(imgs.device.type, dtype=AMP_DTYPES[self.amp], enabled=self.amp != "off"):
                 pred = self.model(imgs)
                 loss, loss_items = self.compute_loss(pred, targets.to(imgs.device, non_blocking=True))
                 if self.world_size > 1:
                     loss *= self.world_size  # DDP averages gradients; the loss is a per-image sum
+            if self.guard is not None:
+                self.guard.check_loss(loss)
             self.scaler.scale(loss).backward()
         if optimizer_step:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.max_grad_norm)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.max_grad_norm)
+            if self.guard is not None:  # a step with non-finite gradients skipped on the device
+                self.guard.optimizer_step(self.optimizer, self.scaler, norm)
+            else:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
             self.optimizer.zero_grad()
             self.ema.update(self.model)
             self.last_opt_step = ni
@@ -173,8 +194,7 @@ def train_one_epoch(
     start: int = 0,
     loss: torch.Tensor | None = None,
     epochs: int | None = None,
-    preemption: Any = None,
-    save_due: Callable[[], bool] | None = None,
+    control: Any = None,
     on_save: Callable[[EpochStats], None] | None = None,
     progress: bool = False,
     progress_seconds: float | None = None,
@@ -185,13 +205,13 @@ def train_one_epoch(
     The images are the loader's uint8 batch, or floats already on the device from a
     :class:`~ddp_utils.data.DevicePrefetcher` wrapped around it (on CUDA: the copy overlaps the step).
 
-    A stop request (a signal on any rank, seen by every rank at the same step through
-    ``preemption.poll()``) ends the call after the next optimizer step, so no gradient is left
-    half-accumulated, or at the epoch's end, whichever comes first; the returned stats say where
-    (``batch``), which is what a checkpoint records and a resumed call passes back as ``start``
-    and ``loss``. A periodic save works the same way: when ``save_due()`` (rank 0's clock) asks,
-    every rank learns it at the same step, and ``on_save(stats)`` runs on every rank after the
-    next optimizer step (it may use collectives), then training goes on.
+    After each batch ``control`` (a :class:`~ddp_utils.engine.control.StepControl`) says, the same on
+    every rank, whether to go on, save or stop. A stop (a signal on any rank, or non-finite steps
+    that persist) ends the call after an optimizer step, so no gradient is left half-accumulated,
+    or at the epoch's end, whichever comes first; the returned stats say where (``batch``), which is
+    what a checkpoint records and a resumed call passes back as ``start`` and ``loss``. A periodic
+    save (rank 0's clock) comes at an optimizer step too: ``on_save(stats)`` runs on every rank (it
+    may use collectives), then ``control.saved()``, and training goes on.
 
     Args:
         step: the model, optimizer and step settings (``step.last_opt_step`` carries the
@@ -203,9 +223,7 @@ def train_one_epoch(
         start: the epoch's first batch still to train (a resumed epoch's); 0 for a whole epoch.
         loss: the running mean loss of the batches before ``start`` (from the checkpoint); zeros when None.
         epochs: the total, for the progress bar.
-        preemption: a :class:`~ddp_utils.engine.PreemptionHandler`; every rank polls it each step.
-        save_due: asked each step, on the rank whose clock decides (others pass None): True when a
-            periodic save is due. Needs ``preemption``, whose poll carries the answer to every rank.
+        control: the run's :class:`~ddp_utils.engine.control.StepControl`, asked after every batch; None: never stop.
         on_save: called on every rank with the stats so far when a periodic save is agreed.
         progress: show the epoch's progress (the main process): a bar, plain lines or nothing, as
             :func:`ddp_utils.progress.progress_mode` says (``DDP_UTILS_PROGRESS``, else bar on a terminal).
@@ -223,12 +241,14 @@ def train_one_epoch(
     bar = _progress(nb, start, enabled=progress, interval=progress_seconds)
     timer = _Timer(device)
     step.optimizer.zero_grad()
-    stop = save = False
     for i, (batch_imgs, targets, paths, _shapes) in enumerate(loader, start):
         timer.batch_ready()
         imgs = step.prepare(batch_imgs, device)
         ni = i + nb * epoch
         loss_items = step(imgs, targets, ni, epoch)
+        loss_items = torch.where(
+            torch.isfinite(loss_items), loss_items, mloss
+        )  # a skipped step's loss: not in the mean
         mloss = (mloss * i + loss_items) / (i + 1)  # stays on the device
         timer.step_done()
         stats.images += batch_imgs.shape[0]
@@ -239,17 +259,16 @@ def train_one_epoch(
             if bar.due() or i + 1 == nb:  # a bar: every BAR_SECONDS; plain lines: every PLAIN_SECONDS
                 bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs, step.world_size))  # a sync
             bar.update(1)  # a plain line, when due, shows the description just set
-        if preemption is None:
+        if control is None:
             continue
-        polled = preemption.poll(save_due=save_due is not None and save_due())
-        stop, save = stop or polled.stop, save or polled.save
-        if (stop or save) and step.last_opt_step == ni and i + 1 < nb:  # after a whole optimizer step
-            if stop:
-                break
+        action = control.after_step(step, boundary=step.last_opt_step == ni, last=i + 1 == nb)
+        if action is Action.STOP:
+            stats.stopped = True
+            break
+        if action is Action.SAVE:
             if on_save is not None:
                 on_save(stats)
-            save = False
-    stats.stopped = stop
+            control.saved()
     if bar is not None:
         bar.set_description(_describe(epoch, epochs, mloss, device, None, None, step.world_size))
         bar.close()

@@ -32,6 +32,7 @@ from ..log import LOGGER
 from .checkpoint import FOREIGN_KEY, CheckpointError, foreign_resume_message, load_pretrained, to_plain
 
 _EMPTY_VAL = {"precision": 0.0, "recall": 0.0, "map50": 0.0, "map": 0.0}
+_TOP_LEVEL = ("epoch", "best_fitness")  # TrainState's fields that the checkpoint keeps at its top level only
 
 
 @dataclasses.dataclass
@@ -51,6 +52,10 @@ class TrainState:
         best_epoch: the epoch that reached it (early stopping counts from there).
         last_val: the last validation: ``metrics`` (precision, recall, map50, map), ``val_loss``
             (box, obj, cls) and ``maps`` (per-class mAP@0.5:0.95, what ``--image-weights`` draws by).
+        skipped: optimizer steps skipped so far in the run because their gradients were not finite.
+
+    The checkpoint keeps :attr:`epoch` and :attr:`best_fitness` once, at its top level (``epoch`` there is the
+    last epoch done: ``self.epoch - 1``); :meth:`as_dict` leaves them out of ``train_state``.
 
     Examples:
         >>> state = TrainState(epoch=2, batch=5, batches=8, batch_size=16, world_size=2)
@@ -70,20 +75,23 @@ class TrainState:
     best_fitness: float = 0.0
     best_epoch: int = -1
     last_val: dict[str, Any] = dataclasses.field(default_factory=dict)
+    skipped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain values for the checkpoint's ``train_state``."""
-        return to_plain(dataclasses.asdict(self))
+        """Plain values for the checkpoint's ``train_state``: all but :attr:`epoch` and :attr:`best_fitness`,
+        which the checkpoint holds once, as YOLOv5's does (``epoch``, the last epoch done, is ``self.epoch - 1``)."""
+        return to_plain({k: v for k, v in dataclasses.asdict(self).items() if k not in _TOP_LEVEL})
 
     @classmethod
     def from_checkpoint(cls, ckpt: Mapping[str, Any]) -> TrainState:
         """The state a checkpoint records; one from before ``train_state`` existed starts the epoch after its own."""
+        epoch = int(ckpt.get("epoch", -1))
+        top = dict(epoch=epoch + 1, best_fitness=float(ckpt.get("best_fitness", 0.0) or 0.0))
         recorded = ckpt.get("train_state")
         if isinstance(recorded, Mapping):
-            known = {f.name for f in dataclasses.fields(cls)}
-            return cls(**{k: v for k, v in recorded.items() if k in known})
-        epoch = int(ckpt.get("epoch", -1))
-        return cls(epoch=epoch + 1, best_fitness=float(ckpt.get("best_fitness", 0.0) or 0.0), best_epoch=epoch)
+            known = {f.name for f in dataclasses.fields(cls)} - set(_TOP_LEVEL)
+            return cls(**{k: v for k, v in recorded.items() if k in known}, **top)
+        return cls(**top, best_epoch=epoch)
 
     def where(self) -> str:
         """``"epoch 3, batch 12/24"`` (from 1, as the log counts epochs), or ``"epoch 3"`` at its start."""
@@ -102,7 +110,13 @@ class TrainState:
         return losses[rank] if world_size == len(self.loss) else losses.mean(0)
 
     def epoch_done(
-        self, last_opt_step: int, stopper: Any, metrics: Mapping[str, float], val_loss: torch.Tensor, maps: Any = None
+        self,
+        last_opt_step: int,
+        stopper: Any,
+        metrics: Mapping[str, float],
+        val_loss: torch.Tensor,
+        maps: Any = None,
+        skipped: int | None = None,
     ) -> TrainState:
         """The state once :attr:`epoch` is trained and validated: the next epoch, from its first batch.
 
@@ -112,6 +126,7 @@ class TrainState:
             metrics: the validation's precision, recall, map50, map.
             val_loss: its (box, obj, cls) loss.
             maps: per-class mAP@0.5:0.95 (``--image-weights`` draws the next epochs by it), or None.
+            skipped: the optimizer steps skipped so far in the run (None: as it was).
         """
         best = self.best_fitness if stopper.best_fitness is None else max(self.best_fitness, stopper.best_fitness)
         last_val = {
@@ -128,6 +143,7 @@ class TrainState:
             best_fitness=float(best),
             best_epoch=int(stopper.best_epoch),
             last_val=last_val,
+            skipped=self.skipped if skipped is None else int(skipped),
         )
 
     def metrics(self) -> tuple[dict[str, float], torch.Tensor]:
@@ -198,10 +214,28 @@ def _recorded_options(run_dir: Path) -> dict[str, Any]:
     return recorded if isinstance(recorded, dict) else {}
 
 
+def run_checkpoint(path: str | Path) -> Path:
+    """What ``--resume PATH`` continues: a run directory (or its ``weights/``) means its ``weights/last.pt``.
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     (Path(tmp) / "exp" / "weights").mkdir(parents=True)
+        ...     [run_checkpoint(Path(tmp) / p).relative_to(tmp).as_posix() for p in ("exp", "exp/weights")]
+        ['exp/weights/last.pt', 'exp/weights/last.pt']
+        >>> run_checkpoint("runs/train/exp/weights/best.pt").as_posix()  # a file stays itself (and is refused later)
+        'runs/train/exp/weights/best.pt'
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    return path / "last.pt" if path.name == "weights" else path / "weights" / "last.pt"
+
+
 def _checkpoint_to_resume(opt: argparse.Namespace, info: DistInfo, run_key: str) -> Path | None:
     """Rank 0's choice: the given path, the project's newest last.pt, or an elastic restart's own."""
     if opt.resume:
-        return Path(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
+        return run_checkpoint(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
     if info.restart_count > 0:
         last = latest_checkpoint(opt.project, run_key=run_key)
         if last is None:
@@ -285,9 +319,9 @@ def _check_scale(path: Path, ckpt: Mapping[str, Any], info: DistInfo) -> None:
 def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, Any]) -> Resume | None:
     """What this launch continues, checked before anything is written (rank 0 decides, all follow).
 
-    With ``--resume`` (a path, or the project's newest ``last.pt``), or by itself on an elastic
-    restart (torchrun ``--max-restarts``, a SLURM requeue), which finds its own run by the launch
-    key recorded in ``opt.yaml``. Every rank raises the same error, or none. The run may resume
+    With ``--resume`` (a run directory, its ``weights/last.pt``, or the project's newest ``last.pt``),
+    or by itself on an elastic restart (torchrun ``--max-restarts``, a SLURM requeue), which finds its
+    own run by the launch key recorded in ``opt.yaml``. Every rank raises the same error, or none. The run may resume
     with another number of processes than it was saved with, when they divide its total batch.
 
     Args:
@@ -299,7 +333,7 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
         The run to continue (see :attr:`Resume.finished`), or None for a new run.
 
     Raises:
-        FileNotFoundError: the checkpoint is missing.
+        FileNotFoundError: the checkpoint is missing (a run directory given: its ``weights/last.pt``).
         ResumeError: not a run's ``weights/last.pt``, a copy outside its run, stripped, foreign, without
             options, or a total batch this number of processes cannot share.
         CheckpointError: not a checkpoint file.
@@ -313,7 +347,13 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
         return None
     last = Path(last)
     if not exists:
-        raise FileNotFoundError(f"--resume {last}: no such checkpoint; give the path of a run's weights/last.pt")
+        given = opt.resume if isinstance(opt.resume, str) else None
+        if given is not None and Path(given) != last:  # a directory: the run's last.pt is not there
+            raise FileNotFoundError(
+                f"--resume {given}: a directory without {last.relative_to(given).as_posix()}; give a run's "
+                "directory or its weights/last.pt"
+            )
+        raise FileNotFoundError(f"--resume {last}: no such checkpoint; give a run's directory or its weights/last.pt")
     _check_location(last)
     if all(all_gather_object(last.is_file())):
         ckpt = load_pretrained(last)
@@ -377,6 +417,29 @@ def restore_training(
     return TrainState.from_checkpoint(ckpt)
 
 
+def start_state(
+    resume: Resume | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: Any,
+    scaler: Any,
+    batches: int,
+    batch_size: int,
+) -> TrainState:
+    """Where training starts: a new run's first batch, or a resumed run put back (:func:`restore_training`) at the
+    batch it stopped at, with ``batches`` per epoch and ``batch_size`` images per step in total now.
+
+    A resumed epoch whose batches per epoch changed (another dataset or batch size) starts again at its first.
+    """
+    state = TrainState()
+    if resume is not None:
+        state = restore_training(resume.ckpt, model, optimizer, ema, scaler)
+        if state.batch and state.batches != batches:
+            LOGGER.warning(f"the run stopped at {state.where()}, but an epoch has {batches} batches now")
+            state.batch = 0
+    return dataclasses.replace(state, batches=batches, batch_size=batch_size)
+
+
 def gather_losses(loss: torch.Tensor) -> list[list[float]]:
     """Every rank's running loss, in rank order (a collective: every rank calls it); ``[loss]`` without a group."""
     return [list(map(float, item)) for item in all_gather_object(loss.detach().float().cpu().tolist())]
@@ -392,4 +455,5 @@ __all__ = [
     "gather_losses",
     "latest_checkpoint",
     "restore_training",
+    "run_checkpoint",
 ]

@@ -1,4 +1,5 @@
-"""One training run: the settled options (:class:`Run`), the options' checks, its directory, its parts.
+"""One training run: the settled options (:class:`Run`), its directory, its parts (the options and their checks:
+:mod:`ddp_utils.engine.options`).
 
 A run directory (``runs/train/exp3``) is written only by the run that owns it: a new run claims a
 fresh one (:func:`make_run_dir`); a resumed run writes into the directory of the ``last.pt`` it
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,7 @@ from ..log import LOGGER
 from .amp import resolve_amp
 from .loggers import increment_path, yaml_save
 from .loop import TrainStep
-from .resume import Resume, TrainState
-from .signals import requeue_signal
+from .resume import Resume, TrainState, gather_losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,109 +91,6 @@ def start_run(opt: argparse.Namespace, info: DistInfo, device: Any, resume: Resu
     )
 
 
-def check_options(opt: argparse.Namespace, world_size: int) -> None:
-    """Refuse bad combinations of train.py's options before any process group starts.
-
-    Raises:
-        ValueError: one line naming the option and what to do.
-
-    Examples:
-        >>> check_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
-        ...               resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
-        Traceback (most recent call last):
-        ValueError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
-    """
-    if opt.batch_size < 1 and opt.batch_size != -1:
-        raise ValueError(
-            f"--batch-size {opt.batch_size}: give the total batch size, a positive integer, or -1 (AutoBatch)"
-        )
-    if opt.batch_size != -1 and opt.batch_size % world_size and not opt.resume:  # a resume keeps its recorded total
-        raise ValueError(
-            f"--batch-size {opt.batch_size} does not divide by WORLD_SIZE={world_size}: use a multiple of {world_size}"
-        )
-    if opt.image_weights and world_size > 1:
-        raise ValueError("--image-weights works in a single process only: drop it or run without torchrun")
-    if opt.epochs is not None and opt.epochs < 1:
-        raise ValueError(f"--epochs {opt.epochs}: train at least one epoch")
-    _check_ranges(opt)
-    if opt.rect and opt.multi_scale:
-        raise ValueError("--rect and --multi-scale do not go together: rect batches have fixed shapes")
-    requeue_signal(opt.requeue_signal)  # a bad name is a ValueError naming it
-    if opt.sync_bn and world_size == 1:
-        LOGGER.warning("--sync-bn has no effect in a single process")
-    if getattr(opt, "evolve", None) is not None:
-        raise ValueError(
-            "--evolve: ddp_utils' train.py does not evolve hyperparameters (YOLOv5's genetic search); run YOLOv5's "
-            "train.py --evolve, or a sweep tool that calls train.py with --hyp"
-        )
-    for note in yolov5_option_notes(opt):
-        LOGGER.info(note)
-
-
-# YOLOv5's train.py options that change nothing here: (attribute, its default, the note when it was given)
-_YOLOV5_ONLY = (
-    ("noautoanchor", False, "anchors are the model yaml's (or the checkpoint's): ddp_utils runs no AutoAnchor check"),
-    ("bucket", "", "a gsutil bucket for --evolve, which ddp_utils does not do"),
-    ("upload_dataset", False, "YOLOv5's Weights & Biases logger option"),
-    ("bbox_interval", -1, "YOLOv5's Weights & Biases logger option"),
-    ("artifact_alias", "latest", "YOLOv5's Weights & Biases logger option"),
-    ("ndjson_console", False, "YOLOv5's NDJSON logger option; results go to results.csv (and TensorBoard)"),
-    ("ndjson_file", False, "YOLOv5's NDJSON logger option; results go to results.csv (and TensorBoard)"),
-)
-
-
-def add_yolov5_options(parser: argparse.ArgumentParser) -> None:
-    """YOLOv5's train.py options that ddp_utils' does not use, accepted (unlisted in --help) so its commands run.
-
-    :func:`check_options` says in one line what each given one does here (nothing), or refuses it (``--evolve``).
-    """
-    add = parser.add_argument
-    add("--noautoanchor", action="store_true", help=argparse.SUPPRESS)
-    add("--evolve", type=int, nargs="?", const=300, help=argparse.SUPPRESS)
-    add("--bucket", default="", help=argparse.SUPPRESS)
-    add("--entity", default=None, help=argparse.SUPPRESS)
-    add("--upload_dataset", "--upload-dataset", nargs="?", const=True, default=False, help=argparse.SUPPRESS)
-    add("--bbox_interval", "--bbox-interval", type=int, default=-1, help=argparse.SUPPRESS)
-    add("--artifact_alias", "--artifact-alias", default="latest", help=argparse.SUPPRESS)
-    add("--ndjson-console", action="store_true", help=argparse.SUPPRESS)
-    add("--ndjson-file", action="store_true", help=argparse.SUPPRESS)
-
-
-def yolov5_option_notes(opt: argparse.Namespace) -> list[str]:
-    """One line per YOLOv5 option given that does nothing here, so a YOLOv5 command runs and says so.
-
-    Examples:
-        >>> yolov5_option_notes(argparse.Namespace(noautoanchor=True, bucket=""))[0][:46]
-        '--noautoanchor: accepted for YOLOv5 compatibil'
-    """
-    return [
-        f"--{name.replace('_', '-')}: accepted for YOLOv5 compatibility, does nothing here ({why})"
-        for name, default, why in _YOLOV5_ONLY
-        if getattr(opt, name, default) != default
-    ]
-
-
-# option: (a test its value must pass, what to use instead); options a Namespace lacks are not checked
-_RANGES = {
-    "imgsz": (lambda v: v is None or v >= 1, "give the image size in pixels, e.g. 640 (a multiple of the stride)"),
-    "workers": (lambda v: v is None or v >= 0, "give a number of loader workers >= 0 (0: load in the process)"),
-    "patience": (lambda v: v >= 0, "give epochs without improvement >= 0 (0: never stop early)"),
-    "save_interval": (lambda v: math.isfinite(v) and v >= 0, "give minutes >= 0 (0: no mid-epoch saves)"),
-    "label_smoothing": (lambda v: 0 <= v < 1, "give a value in [0, 1), e.g. 0.1"),
-    "freeze": (lambda v: all(i >= 0 for i in v), "give layer counts or indices >= 0"),
-    "seed": (lambda v: v >= 0, "give a seed >= 0"),
-}
-
-
-def _check_ranges(opt: argparse.Namespace) -> None:
-    """Every numeric option within its range, or one line naming the option, the value and what to use."""
-    for name, (valid, advice) in _RANGES.items():
-        if hasattr(opt, name) and not valid(getattr(opt, name)):
-            value = getattr(opt, name)
-            shown = " ".join(map(str, value)) if isinstance(value, list) else value
-            raise ValueError(f"--{name.replace('_', '-')} {shown}: {advice}")
-
-
 @dataclasses.dataclass
 class Training:
     """What a run's epochs work with: the step (model, optimizer, EMA, loss), the schedule, the data, the state.
@@ -215,6 +111,20 @@ class Training:
     labels: list
     state: TrainState = dataclasses.field(default_factory=TrainState)
 
+    def state_at(self, stats: Any, world_size: int, skipped: int) -> TrainState:
+        """Where training stands now: :attr:`state`, at ``stats``' batch of its epoch when given (a mid-epoch save,
+        or an epoch trained but not validated). With ``stats``, a collective: every rank's running loss is gathered.
+
+        Args:
+            stats: the epoch's :class:`~ddp_utils.engine.EpochStats` so far, or None (the state at an epoch's end).
+            world_size: the processes training now (a resume reports a change of scale).
+            skipped: the optimizer steps skipped so far in the run (non-finite gradients).
+        """
+        now = dict(world_size=world_size, skipped=skipped)
+        if stats is not None:
+            now.update(batch=stats.batch, last_opt_step=self.step.last_opt_step, loss=gather_losses(stats.loss))
+        return dataclasses.replace(self.state, **now)
+
 
 def make_run_dir(project: str | Path, name: str, exist_ok: bool, info: DistInfo) -> Path:
     """Rank 0 claims ``project/name`` (or ``name2``, ``name3``, ... when taken); every rank gets the path."""
@@ -231,13 +141,4 @@ def record_run(run: Run, info: DistInfo) -> None:
         LOGGER.info(textwrap.fill(pairs, width=110, initial_indent="hyperparameters: ", subsequent_indent="  "))
 
 
-__all__ = [
-    "Run",
-    "Training",
-    "add_yolov5_options",
-    "check_options",
-    "make_run_dir",
-    "record_run",
-    "start_run",
-    "yolov5_option_notes",
-]
+__all__ = ["Run", "Training", "make_run_dir", "record_run", "start_run"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,6 +47,18 @@ def epoch_line(epoch: int, epochs: int, train_loss: torch.Tensor, metrics: Mappi
         f"epoch {epoch + 1}/{epochs}: loss {box:.4f} {obj:.4f} {cls:.4f}, P {metrics['precision']:.3f} "
         f"R {metrics['recall']:.3f} mAP@0.5 {metrics['map50']:.3f} mAP@0.5:0.95 {metrics['map']:.3f}, {speed}"
     )
+
+
+def epoch_notes(epoch: int, stats: Any, skipped: int) -> str:
+    """What the epoch line adds after its speed: a resumed epoch's first batch, steps skipped as non-finite.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> epoch_notes(2, SimpleNamespace(start=4, batch=8), 1)
+        '; resumed at epoch 3, batch 4/8; 1 optimizer step(s) skipped (non-finite gradients)'
+    """
+    resumed = f"; resumed at epoch {epoch + 1}, batch {stats.start}/{stats.batch}" if stats.start else ""
+    return resumed + (f"; {skipped} optimizer step(s) skipped (non-finite gradients)" if skipped else "")
 
 
 def parse_epoch_lines(text: str) -> list[dict]:
@@ -92,4 +105,4 @@ def finish_run(save_dir: str | Path, metrics: Mapping[str, float], epochs_done: 
     )
 
 
-__all__ = ["EPOCH_LINE", "epoch_line", "finish_run", "first_batches_plotter", "parse_epoch_lines"]
+__all__ = ["EPOCH_LINE", "epoch_line", "epoch_notes", "finish_run", "first_batches_plotter", "parse_epoch_lines"]

@@ -1,14 +1,16 @@
 """Turn SIGTERM (a preemption, a scheduler's time limit, torchrun shutting down) into a flag.
 
 Killed in the middle of a step, a run loses everything since its last checkpoint. With
-:class:`PreemptionHandler` the signal only sets a flag; the train loop checks it once a
-step, every rank agrees on it with :meth:`PreemptionHandler.requested_anywhere` (a blocking
-all-reduce) or, inside a GPU loop that must not wait, :meth:`PreemptionHandler.poll` (a host-side
-gloo all-reduce of one step read at the next), rank 0 saves ``last.pt`` and all ranks leave the
-loop together and exit cleanly.
+:class:`PreemptionHandler` the signal only sets a flag; every rank agrees on it with
+:meth:`PreemptionHandler.requested_anywhere` (a blocking all-reduce) or, in the training loop,
+through :class:`~ddp_utils.engine.control.StepControl`'s per-step all-reduce (read one step later,
+so the step never waits), rank 0 saves ``last.pt`` and all ranks leave the loop together and exit cleanly.
 
 A second delivery of the same signal gives it back its previous behaviour (for SIGTERM
-and SIGINT by default: terminate), so a second Ctrl-C still stops a stuck run. A repeat
+and SIGINT by default: terminate), so a second Ctrl-C still stops a stuck run, even when both
+arrive during one long step: Python runs a handler once for deliveries that come before it gets
+to run, so the handler counts them from a wakeup file descriptor, which receives a byte per
+delivery (:func:`signal.set_wakeup_fd`). A repeat
 within :attr:`PreemptionHandler.repeat_window` seconds (SIGINT excepted) is the same request
 sent twice: SLURM signals every process of a job step and torchrun passes the signal on to
 its workers, so under ``train_torchrun.sbatch`` a ``scancel`` reaches each worker twice within
@@ -23,6 +25,7 @@ twice (directly and through torchrun's agent), so repeats are ignored.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,24 +34,10 @@ import threading
 import time
 from collections.abc import Mapping
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
-from ..distributed import all_reduce, any_rank, dist_info, is_dist_initialized, slurm_job_id
+from ..distributed import any_rank, dist_info, slurm_job_id
 from ..log import LOGGER
-
-
-class Polled(NamedTuple):
-    """What :meth:`PreemptionHandler.poll` learned: a stop or a save asked for on any rank. True when ``stop``."""
-
-    stop: bool = False
-    save: bool = False
-
-    def __bool__(self) -> bool:
-        return self.stop
 
 
 class PreemptionHandler:
@@ -82,8 +71,7 @@ class PreemptionHandler:
         self._received_at = 0.0
         self.requeue = False
         self._previous: dict[int, Any] = {}
-        self._pending: tuple[Any, np.ndarray] | None = None
-        self._group: Any = None
+        self._wakeup: tuple[int, int, int] | None = None  # (read end, write end, the previous wakeup fd)
 
     def __enter__(self) -> PreemptionHandler:
         if threading.current_thread() is not threading.main_thread():
@@ -93,13 +81,20 @@ class PreemptionHandler:
         for sig in self.signals:
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handle)
+        if signal.SIGINT in self.signals:
+            read_end, write_end = os.pipe()
+            os.set_blocking(read_end, False)
+            os.set_blocking(write_end, False)
+            try:
+                previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            except ValueError:  # another wakeup fd in use by a library that needs it: count as Python does
+                os.close(read_end)
+                os.close(write_end)
+            else:
+                self._wakeup = (read_end, write_end, previous_fd)
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            # every rank polled as often, so the last poll's all-reduce is matched: finish it, or tearing the
-            # group down under it would abort the process ("terminate called without an active exception")
-            self._settle()
+    def __exit__(self, *exc: object) -> None:
         self.restore()
 
     def restore(self) -> None:
@@ -107,6 +102,22 @@ class PreemptionHandler:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
+        if self._wakeup is not None:
+            read_end, write_end, previous_fd = self._wakeup
+            signal.set_wakeup_fd(previous_fd)
+            os.close(read_end)
+            os.close(write_end)
+            self._wakeup = None
+
+    def _deliveries(self, signum: int) -> int:
+        """How many times ``signum`` arrived since the last call (at least 1: the one being handled)."""
+        if self._wakeup is None:
+            return 1
+        seen = b""
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self._wakeup[0], 512):
+                seen += chunk
+        return max(seen.count(bytes([signum])), 1)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum in self.requeue_signals:
@@ -118,13 +129,16 @@ class PreemptionHandler:
                     f"received {signal.Signals(signum).name}: finishing this step, then saving and requeueing the job"
                 )
             return
+        deliveries = self._deliveries(signum)
         if self.received is None:
             self.received, self._received_at = signum, time.monotonic()
             LOGGER.warning(
                 f"received {signal.Signals(signum).name}: finishing this step, then saving and stopping "
                 "(send it again to stop at once)"
             )
-            return
+            if deliveries < 2 or signum != signal.SIGINT:
+                return
+            # two Ctrl-Cs before Python ran the handler once (a long step): the second one stops at once
         if signum == self.received != signal.SIGINT and time.monotonic() - self._received_at < self.repeat_window:
             return  # the same request from a second sender (SLURM and torchrun)
         previous = self._previous.pop(signum, signal.SIG_DFL)
@@ -145,59 +159,9 @@ class PreemptionHandler:
     def requested_anywhere(self) -> bool:
         """True when any rank received one of the signals (a max all-reduce: every rank must call it).
 
-        Without a process group this is :meth:`requested`. A :meth:`poll` still in flight is
-        settled first, so the collectives stay in the same order on every rank.
+        Without a process group this is :meth:`requested`.
         """
-        earlier = self._settle().stop
-        return any_rank(self.requested()) or earlier
-
-    def poll(self, save_due: bool = False) -> Polled:
-        """Whether any rank had a signal (or asked for a save) at the previous call; every rank calls it each step.
-
-        Each call starts a non-blocking max all-reduce of this process's flags (a signal received;
-        ``save_due``: this rank's clock says a periodic checkpoint is due) and returns the result of
-        the one the previous call started, which has had a whole step to finish. So the step never
-        waits on the network, every rank sees a request at the same call (one step after the first
-        rank made it), and a SIGTERM stops the loop within a few steps. The flags never touch a GPU:
-        they are a host tensor reduced over gloo (the default group when that is gloo, else a gloo
-        group made at the first call), read from the host memory it shares with a NumPy array, so
-        nothing here waits for the device. Without a process group the answer is this process's, at once.
-
-        Args:
-            save_due: this rank asks for a checkpoint (only the rank that keeps the clock passes True).
-
-        Returns:
-            A :class:`Polled` (``stop``, ``save``), true when a stop was requested.
-
-        Examples:
-            >>> with PreemptionHandler() as preempt:
-            ...     stopped = [step for step in range(3) if preempt.poll()]
-            >>> stopped, preempt.poll(save_due=True).save
-            ([], True)
-        """
-        if not is_dist_initialized():
-            return Polled(self.requested(), bool(save_due))
-        earlier = self._settle()
-        host = np.array([1.0 if self.requested() else 0.0, 1.0 if save_due else 0.0], dtype=np.float32)
-        flags = torch.from_numpy(host)  # shares host's memory: the result is read without a tensor op
-        self._pending = (all_reduce(flags, op="max", group=self._host_group(), async_op=True), host)
-        return earlier
-
-    def _host_group(self) -> Any:
-        """A gloo process group for the flag: the default one if it is gloo, else one made once (collective)."""
-        if self._group is None:
-            gloo = dist.get_backend() == dist.Backend.GLOO
-            self._group = dist.group.WORLD if gloo else dist.new_group(backend="gloo")
-        return self._group
-
-    def _settle(self) -> Polled:
-        """Finish the all-reduce that :meth:`poll` started, if any, and return its answer."""
-        if self._pending is None:
-            return Polled()
-        pending, host = self._pending
-        self._pending = None
-        pending.wait()  # a host-side gloo reduction that had a whole step to finish; no GPU involved
-        return Polled(bool(host[0] > 0), bool(host[1] > 0))
+        return any_rank(self.requested())
 
 
 def requeue_signal(name: str | None = None, environ: Mapping[str, str] | None = None) -> signal.Signals | None:

@@ -6,7 +6,8 @@ and is dropped: training never fails for a tracker.
 
 - **MLflow**: the tracking store is ``$MLFLOW_TRACKING_URI``, else a local sqlite store beside the
   runs (``<project>/mlflow.db``, artifacts in ``<project>/mlartifacts``; ``mlflow ui --backend-store-uri
-  sqlite:///<project>/mlflow.db`` shows it). The experiment is the project directory, the run the run
+  sqlite:///<project>/mlflow.db`` shows it, with the full ``mlflow`` package: the ``[mlflow]`` extra's
+  ``mlflow-skinny`` logs and reads runs, but has no UI server). The experiment is the project directory, the run the run
   directory's name; the options and hyperparameters are its params, results.csv's columns its metrics
   (one step per epoch), ``best.pt`` and ``last.pt`` its artifacts. A resumed run continues the same
   MLflow run (found by its run directory).

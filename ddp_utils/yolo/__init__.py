@@ -5,7 +5,7 @@
 """
 
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
-from .evaluate import evaluate
+from .evaluate import ValidationInterrupted, evaluate
 from .finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 from .foreign import ForeignCheckpointError, UltralyticsCheckpointError, read_yolov5_checkpoint, yolov5_model
 from .head import detection_head
@@ -54,6 +54,7 @@ __all__ = [
     "class_table",
     "clip_boxes",
     "coco_metrics",
+    "ValidationInterrupted",
     "evaluate",
     "fitness",
     "letterbox_params",

@@ -9,7 +9,7 @@ returns the same numbers a single process would compute over the whole set.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,10 @@ from ..distributed import broadcast_object, get_rank, get_world_size, is_dist_in
 from ..log import LOGGER
 from .metrics import DetectionMetrics, ImageRecord, coco_metrics
 from .ops import non_max_suppression, scale_boxes, xywh2xyxy
+
+
+class ValidationInterrupted(RuntimeError):
+    """A stop was asked for (a signal) on some rank during :func:`evaluate`; every rank raises it, at the same point."""
 
 
 def _gather_to_rank0(records: list[ImageRecord]) -> list[ImageRecord] | None:
@@ -93,6 +97,7 @@ def evaluate(
     device: torch.device | str | None = None,
     half: bool = False,
     verbose: bool = True,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
@@ -110,6 +115,9 @@ def evaluate(
         device: where the batches go (the model must already be there); None uses the model's device.
         half: run in float16 autocast (CUDA only; ignored on the CPU).
         verbose: log the "val: ..." summary line on rank 0 (train.py logs one line per epoch of its own).
+        stop: asked before each batch on this rank (no collective: e.g. "a stop signal arrived here"); when
+            it answers True the loop ends, the ranks agree at the loss reduction that follows, and every
+            rank raises :class:`ValidationInterrupted` before any metric is computed.
 
     Returns:
         ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics`
@@ -118,6 +126,9 @@ def evaluate(
         :func:`~ddp_utils.yolo.metrics.coco_metrics` over all ranks' images, the same on every rank; ``val_loss``
         tensor[3] (box, obj, cls), the mean over all batches of all ranks (zeros without
         ``compute_loss``).
+
+    Raises:
+        ValidationInterrupted: ``stop`` answered True on some rank.
     """
     if hasattr(model, "module"):
         # DDP's forward may sync buffers across ranks, and shards can differ in length: run the bare model
@@ -134,8 +145,12 @@ def evaluate(
         if half and device.type == "cuda"
         else contextlib.nullcontext()
     )
+    interrupted = False
     try:
         for imgs, targets, paths, shapes in loader:
+            if stop is not None and stop():
+                interrupted = True
+                break
             imgs = imgs.to(device, non_blocking=True)
             imgs = imgs.float() / 255 if imgs.dtype == torch.uint8 else imgs.float()
             if param_dtype == torch.float16 and device.type == "cuda":  # a model already made half
@@ -154,8 +169,12 @@ def evaluate(
     finally:
         model.train(was_training)
 
-    # sums and batch counts, not per-rank means, so an uneven shard split weighs every batch alike
-    totals = reduce_tensor(torch.cat((loss_sum.cpu().double(), torch.tensor([float(batches)], dtype=torch.float64))))
+    # sums and batch counts, not per-rank means, so an uneven shard split weighs every batch alike; with them,
+    # whether a rank was interrupted (every rank reaches this reduction either way, then all agree)
+    counts = torch.tensor([float(batches), float(interrupted)], dtype=torch.float64)
+    totals = reduce_tensor(torch.cat((loss_sum.cpu().double(), counts)))
+    if totals[4] > 0:
+        raise ValidationInterrupted("validation stopped: a stop signal arrived")
     val_loss = (totals[:3] / max(float(totals[3]), 1.0)).float().to(device)
 
     everything = _gather_to_rank0(records)

@@ -1,4 +1,4 @@
-"""``python -m ddp_utils <command>`` and the ``ddp-<command>`` scripts, run as the README shows them."""
+"""``python -m ddp_utils <command>`` and the ``ddp-<command>`` scripts, run as the README and docs/ show them."""
 
 from __future__ import annotations
 
@@ -82,9 +82,10 @@ def test_profile_runs_a_model_on_the_cpu():
     assert "GFLOPs" in done.stdout + done.stderr
 
 
-def test_the_readme_uses_the_one_form():
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert not re.search(r"python -m ddp_utils\.\w", readme), "an old command form is left in the README"
+def test_the_readme_and_docs_use_the_one_form():
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    readme = "\n".join(page.read_text() for page in pages)
+    assert not re.search(r"python -m ddp_utils\.\w", readme), "an old command form is left in the README or docs/"
     assert not re.search(r"-m ddp_utils\.cli", readme)
     used = set(re.findall(r"-m ddp_utils (\w+)", readme))
     assert used and used <= set(COMMANDS), used - set(COMMANDS)

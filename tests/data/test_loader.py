@@ -232,3 +232,18 @@ def test_default_workers_fill_the_cores_and_are_logged(root, ddp_log):
     # a 16-core host with one GPU: 15 workers by default, the user's 8 as a cap; 4 GPUs: 3 each
     assert default_workers(1, None, 64, cores=16) == 15 and default_workers(1, 8, 64, cores=16) == 8
     assert default_workers(4, None, 64, cores=16) == 3 and default_workers(4, 8, 64, cores=16) == 4
+
+
+def test_a_directory_and_a_list_of_some_of_its_images_keep_a_label_cache_each(tmp_path):
+    """Two data yamls over one image directory (the directory, and a .txt list of part of it) used in turn: each
+    split has its own cache, so switching between them loads it instead of scanning the labels again."""
+    root = make_shapes_dataset(tmp_path / "shapes", 12, 4, size=(64, 96))
+    listed = root / "train_part.txt"
+    listed.write_text("".join(f"./images/train/{p.name}\n" for p in sorted((root / "images" / "train").iterdir())[:6]))
+    sources = [root / "images" / "train", listed]
+    datasets = [create_dataloader(source, 64, 4, 32, workers=0)[1] for source in sources * 2]
+    assert [d.label_cache_written for d in datasets] == [True, True, False, False]  # each scanned once, then loaded
+    assert [d.label_cache_loaded for d in datasets] == [False, False, True, True]
+    assert [len(d) for d in datasets] == [12, 6, 12, 6]
+    assert sorted(p.name for p in root.rglob("*.ddp.cache")) == ["train.ddp.cache", "train_part.ddp.cache"]
+    assert (root / "train_part.ddp.cache").is_file()  # beside the list, as YOLOv5 keeps its .cache

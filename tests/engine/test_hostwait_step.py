@@ -3,8 +3,8 @@
 The form (tests/workers/step_scenarios.py): fp16 autocast with a GradScaler (the CPU has fp16 autocast
 in torch 2.4+; bf16 without a scaler where it has not) and a fused optimizer,
 the dense loss normalised across ranks, channels_last, EMA, clipping, a short warm-up, the
-progress display on and a PreemptionHandler polled every step; in one process, and in two gloo
-processes under DDP with no_sync accumulation. Allowed: the display's reads of the running loss
+progress display on and a StepControl asked after every step (with the non-finite guard's counts); in one
+process, and in two gloo processes under DDP with no_sync accumulation. Allowed: the display's reads of the running loss
 (loop._describe, matched by frame: at its last refresh and the epoch's end here; at most once per
 refresh interval in general); rank 0 asks each step whether a periodic save is due, as train.py's clock does.
 Every other wait fails the test naming its source line. On a GPU
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from ddp_utils.data import DevicePrefetcher
-from ddp_utils.engine import PreemptionHandler, train_one_epoch
+from ddp_utils.engine import StepControl, train_one_epoch
 
 from ..multiproc import describe, launch, records
-from ..workers.step_scenarios import count_epoch, gpu_form_batches, gpu_form_step
+from ..workers.step_scenarios import AMP, count_epoch, gpu_form_batches, gpu_form_step
 
 STEPS = 10
 # warm-up over batches 0..2 (accumulation rising from 1 to 2), then 2 batches per optimizer step
@@ -39,8 +39,13 @@ def check(record: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_gpu_form_epoch_in_one_process_never_waits():
-    check(count_epoch(STEPS))
+@pytest.mark.parametrize("amp", ["fp16", "bf16"])
+def test_gpu_form_epoch_in_one_process_never_waits(amp):
+    """fp16: the GradScaler skips a non-finite step; bf16: no scaler, the fused optimizer takes the non-finite
+    guard's decision as its found_inf tensor. Neither reads anything back."""
+    if amp == "fp16" and AMP != "fp16":
+        pytest.skip("this torch has no fp16 autocast on the CPU")
+    check(count_epoch(STEPS, amp=amp))
 
 
 @pytest.mark.slow
@@ -68,12 +73,12 @@ def test_cuda_epoch_runs_whole_under_sync_debug_mode_error():
     device = torch.device("cuda", torch.cuda.current_device())
     step = gpu_form_step(STEPS, distributed=False, device=device)
     batches = DevicePrefetcher(gpu_form_batches(STEPS), device, channels_last=True)
-    with PreemptionHandler() as preemption:
-        train_one_epoch(step, batches, 0, device, preemption=preemption)
+    with StepControl() as control:
+        train_one_epoch(step, batches, 0, device, control=control)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            stats = train_one_epoch(step, batches, 1, device, preemption=preemption)
+            stats = train_one_epoch(step, batches, 1, device, control=control)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert stats.batch == STEPS and not stats.stopped

@@ -120,7 +120,7 @@ def test_foreign_csv_and_missing_columns_are_named(tmp_path):
     logger = ResultsLogger(tmp_path / "other", tensorboard=False)
     with pytest.raises(KeyError, match="metrics/recall"):
         logger.log(0, {k: v for k, v in values(0).items() if k != "metrics/recall"})
-    with pytest.raises(ValueError, match="got 12 numbers for 13 columns"):
+    with pytest.raises(ValueError, match="got 13 numbers for 14 columns"):
         results_values([1, 2, 3], {"precision": 0, "recall": 0, "map50": 0, "map": 0}, [1, 2, 3], [0.1, 0.1])
 
 

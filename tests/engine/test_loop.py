@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 import re
+import signal
 import time
 
 import numpy as np
@@ -26,7 +28,7 @@ from ddp_utils.engine import (
     smart_optimizer,
     train_one_epoch,
 )
-from ddp_utils.engine.signals import Polled
+from ddp_utils.engine.control import StepControl
 from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains
 
 from ..multiproc import describe, launch, records
@@ -188,14 +190,23 @@ def test_bf16_autocast_on_cpu_trains_without_a_scaler():
 
 
 class RequestAt:
-    """A stand-in for PreemptionHandler.poll: a stop (or a save) asked for at given calls, as every rank sees it."""
+    """A real StepControl (no process group: its answers are this process's, at once), and an ``on_batch`` that
+    makes a stop (a real SIGTERM) or a save (the control's clock moved past its interval) due after batch ``i``."""
 
     def __init__(self, stop_at: int | None = None, save_at: int | None = None) -> None:
-        self.calls, self.stop_at, self.save_at = -1, stop_at, save_at
+        self.now = 0.0
+        self.control = StepControl(save_interval=60.0, clock=lambda: self.now)
+        self.stop_at, self.save_at = stop_at, save_at
 
-    def poll(self, save_due: bool = False) -> Polled:
-        self.calls += 1
-        return Polled(stop=self.calls == self.stop_at, save=self.calls == self.save_at or save_due)
+    def __call__(self, i: int, *_batch) -> None:
+        if i == self.stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the control is asked
+        if i == self.save_at:
+            self.now += 60.0
+
+    def epoch(self, step, loader, epoch: int, **options):
+        with self.control:
+            return train_one_epoch(step, loader, epoch, CPU, control=self.control, on_batch=self, **options)
 
 
 def plain_step(accumulate: int = 4):
@@ -207,7 +218,7 @@ def plain_step(accumulate: int = 4):
 @pytest.mark.parametrize(("asked_at", "stopped_after"), [(1, 4), (3, 4), (5, 8), (8, 10)])
 def test_a_stop_waits_for_the_optimizer_step_that_ends_the_accumulation_window(asked_at, stopped_after):
     step = plain_step(accumulate=4)  # optimizer steps after batches 3 and 7 (0-based)
-    stats = train_one_epoch(step, batches(10), 0, CPU, preemption=RequestAt(stop_at=asked_at))
+    stats = RequestAt(stop_at=asked_at).epoch(step, batches(10), 0)
     assert stats.stopped and stats.batch == stopped_after  # 10: no window closes before the epoch's end
     assert step.optimizer_steps == stopped_after // 4 and stats.images == 2 * stopped_after
     if stopped_after < 10:  # nothing half-accumulated is left behind
@@ -217,18 +228,10 @@ def test_a_stop_waits_for_the_optimizer_step_that_ends_the_accumulation_window(a
 @pytest.mark.timeout(200)
 def test_a_periodic_save_comes_after_the_next_optimizer_step_and_training_goes_on():
     step, seen = plain_step(accumulate=4), []
-    stats = train_one_epoch(
-        step,
-        batches(10),
-        0,
-        CPU,
-        preemption=RequestAt(save_at=5),
-        on_save=lambda s: seen.append((s.batch, step.last_opt_step)),
+    stats = RequestAt(save_at=5).epoch(
+        step, batches(10), 0, on_save=lambda s: seen.append((s.batch, step.last_opt_step))
     )
     assert seen == [(8, 7)] and not stats.stopped and stats.batch == 10 and step.optimizer_steps == 2
-    asked = []  # the clock is asked once per step, on the rank that keeps it
-    train_one_epoch(step, batches(3), 1, CPU, nb=3, preemption=RequestAt(), save_due=lambda: asked.append(1) or False)
-    assert len(asked) == 3
 
 
 @pytest.mark.timeout(300)
@@ -244,7 +247,7 @@ def test_an_epoch_stopped_and_continued_from_its_checkpoint_equals_the_whole_epo
     model, optimizer, ema, compute_loss, warmup, scaler, scale = parts
     step = TrainStep(model, optimizer, scaler, ema, compute_loss, 2, warmup, multi_scale=scale)
     train_one_epoch(step, loader, 0, CPU, nb=nb)
-    stopped = train_one_epoch(step, loader, 1, CPU, nb=nb, preemption=RequestAt(stop_at=2))
+    stopped = RequestAt(stop_at=2).epoch(step, loader, 1, nb=nb)
     assert stopped.stopped and 0 < stopped.batch < nb and step.last_opt_step == nb + stopped.batch - 1
     ckpt = build_checkpoint(ema.ema, train_model=model, optimizer=optimizer, ema_updates=ema.updates, epoch=0)
     position = dict(epoch=1, batch=stopped.batch, last_opt_step=step.last_opt_step, loss=[stopped.loss.tolist()])

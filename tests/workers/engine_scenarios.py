@@ -108,39 +108,6 @@ def ddp_engine(directory: str) -> None:
     du.cleanup()
 
 
-def poll_loop(steps: str = "20", signal_at: str = "3") -> None:
-    """Rank 1 gets SIGTERM at ``signal_at``; every rank polls (non-blocking) each step and records where it stopped."""
-    torch.set_num_threads(1)
-    info = du.init_distributed(backend="gloo", timeout=60)
-    stopped_at = None
-    with PreemptionHandler() as preempt:
-        for step in range(int(steps)):
-            if info.rank == 1 and step == int(signal_at):
-                os.kill(os.getpid(), signal.SIGTERM)
-            if preempt.poll():
-                stopped_at = step
-                break
-        anywhere = preempt.requested_anywhere()  # settles the poll still in flight, then agrees again
-    print(json.dumps({"rank": info.rank, "stopped_at": stopped_at, "anywhere": anywhere}))
-    du.cleanup()
-
-
-def poll_save_loop(steps: str = "6", save_at: str = "2") -> None:
-    """Rank 0's clock asks for a save at ``save_at``; every rank records the steps at which the poll said save."""
-    torch.set_num_threads(1)
-    info = du.init_distributed(backend="gloo", timeout=60)
-    saves = []
-    with PreemptionHandler() as preempt:
-        for step in range(int(steps)):
-            polled = preempt.poll(save_due=info.rank == 0 and step == int(save_at))
-            if polled.save:
-                saves.append(step)
-            assert not polled.stop
-        preempt.requested_anywhere()
-    print(json.dumps({"rank": info.rank, "saves": saves}))
-    du.cleanup()
-
-
 def _counting_allreduce(state: dict, bucket):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

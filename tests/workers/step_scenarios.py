@@ -8,7 +8,7 @@ autocast in the torch this project needs; where it has not, bf16 without a scale
 ``--amp bf16``: :data:`AMP` says which), a fused optimizer (what ``smart_optimizer`` picks for CUDA
 parameters), the dense loss (what ``ComputeLoss(dense=None)`` picks on CUDA) normalised across ranks
 (``across_ranks=True``), channels_last model and input, EMA, clipping, warm-up, DDP from
-``wrap_model``, batches through a ``DevicePrefetcher``, a ``PreemptionHandler`` polled every step
+``wrap_model``, batches through a ``DevicePrefetcher``, a ``StepControl`` asked after every step
 and the progress display on.
 """
 
@@ -26,7 +26,7 @@ import ddp_utils as du
 from ddp_utils.data import DevicePrefetcher, class_frequency, load_hyp
 from ddp_utils.engine import (
     ModelEMA,
-    PreemptionHandler,
+    StepControl,
     TrainStep,
     Warmup,
     lr_lambda,
@@ -72,12 +72,15 @@ def gpu_form_batches(n: int, batch: int = BATCH, size: int = SIZE, seed: int = 0
     return out
 
 
-def gpu_form_step(nb: int, distributed: bool, world_size: int = 1, device: torch.device = CPU) -> TrainStep:
+def gpu_form_step(
+    nb: int, distributed: bool, world_size: int = 1, device: torch.device = CPU, amp: str = AMP
+) -> TrainStep:
     """TrainStep as train.py's ``build_training`` makes it on a GPU (see the module's notes), for ``nb`` batches.
 
     The hyperparameters are hyp.shapes.yaml's with a warm-up of :data:`WARMUP_ITERS` iterations and
     a nominal batch of :data:`ACCUMULATE` global batches, so that the epoch runs past the warm-up
-    and accumulates (DDP's ``no_sync``) between optimizer steps.
+    and accumulates (DDP's ``no_sync``) between optimizer steps. With ``amp="bf16"`` no GradScaler is enabled:
+    the fused optimizer then takes the non-finite guard's decision as its ``found_inf`` tensor.
     """
     torch.manual_seed(0)
     cfg, _ = load_model_yaml("yolov5n.yaml")
@@ -96,15 +99,15 @@ def gpu_form_step(nb: int, distributed: bool, world_size: int = 1, device: torch
                     hyp["momentum"], hyp["warmup_min_iters"])  # fmt: skip
     assert (warmup.iters, accumulate) == (WARMUP_ITERS, ACCUMULATE)
     ema = ModelEMA(model)  # after the biases and the layout, as train.py's
-    scaler = torch.amp.GradScaler(device.type, enabled=AMP == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     gains = scale_loss_gains(hyp, model.model[-1].nl, NC, SIZE)
     compute_loss = ComputeLoss(model, gains, dense=True, across_ranks=True)
     model = wrap_model(model, device, distributed=distributed)
-    settings = dict(amp=AMP, world_size=world_size, channels_last=True)
+    settings = dict(amp=amp, world_size=world_size, channels_last=True)
     return TrainStep(model, optimizer, scaler, ema, compute_loss, accumulate, warmup, **settings)
 
 
-def count_epoch(steps: int, distributed: bool = False, world_size: int = 1) -> dict:
+def count_epoch(steps: int, distributed: bool = False, world_size: int = 1, amp: str = AMP) -> dict:
     """Train one epoch of ``steps`` batches under a :class:`HostWaitCounter`: the waits per step, and what ran.
 
     Returns a record: the waits of each step other than the progress display's (by source line;
@@ -112,7 +115,7 @@ def count_epoch(steps: int, distributed: bool = False, world_size: int = 1) -> d
     with loop._describe on the stack), the waits after the last step, and the batches at which
     an optimizer step, a DDP gradient all-reduce or a ``no_sync`` backward happened.
     """
-    step = gpu_form_step(steps, distributed, world_size)
+    step = gpu_form_step(steps, distributed, world_size, amp=amp)
     marks: list[int] = []  # len(counter.waits) after each batch; len(marks) is the batch being trained
     stepped, reduced, no_sync = [], [], []
     if distributed:
@@ -139,16 +142,16 @@ def count_epoch(steps: int, distributed: bool = False, world_size: int = 1) -> d
     counter = HostWaitCounter()
     seed = du.dist_info().rank if distributed else 0
     batches = DevicePrefetcher(gpu_form_batches(steps, seed=seed), CPU, channels_last=True)
-    clock = (lambda: False) if seed == 0 else None  # rank 0 asks each step whether a periodic save is due
-    with PreemptionHandler() as preemption, counter:
+    # rank 0's clock is asked each step whether a periodic save is due, as train.py's is (never, within the epoch)
+    control = StepControl(save_interval=3600.0, keeps_clock=seed == 0)
+    with control, counter:
         stats = train_one_epoch(
             step,
             batches,
             0,
             CPU,
             epochs=1,
-            preemption=preemption,
-            save_due=clock,
+            control=control,
             on_batch=after_batch,
             progress=True,
             progress_seconds=1e9,  # longer than the epoch: the display reads the loss at its last batch and end only
@@ -157,7 +160,7 @@ def count_epoch(steps: int, distributed: bool = False, world_size: int = 1) -> d
     waits = [w for w in counter.waits if not any(w.within(f) for f in display)]
     per_step = [Counter(str(w) for w in counter.waits[a:b] if w in waits) for a, b in zip([0, *marks], marks)]
     return {
-        "amp": AMP,
+        "amp": amp,
         "batches": stats.batch,
         "optimizer_steps": step.optimizer_steps,
         "stepped": stepped,

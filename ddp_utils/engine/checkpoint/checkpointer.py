@@ -1,4 +1,4 @@
-"""A run's checkpoint files: :class:`Checkpointer` (``last.pt``, ``best.pt``, ``epochN.pt``) and its save clock."""
+"""A run's checkpoint files: :class:`Checkpointer` (``last.pt``, ``best.pt``, ``epochN.pt``)."""
 
 from __future__ import annotations
 
@@ -7,36 +7,37 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
+from ...log import LOGGER
 from .files import BackgroundWriter, write_serialised
-from .format import build_checkpoint, check_plain, to_plain
+from .format import CheckpointWriteError, build_checkpoint, check_plain, to_plain
 
 
 class Checkpointer:
     """Own a run's checkpoint files: ``weights/last.pt``, ``best.pt`` and ``epochN.pt``.
 
     Each :meth:`save` builds the checkpoint once (EMA weights, the raw training weights,
-    optimizer, scaler, options, hyperparameters, the ``TrainState``) as a snapshot in host
-    memory, serialises it once, and writes the same bytes atomically to every file that is due:
-    at once, or in a background thread (``background=True``: the caller goes on after the copy;
-    :meth:`wait` for the files). Call it on the process that writes (rank 0).
+    optimizer, scaler, options, hyperparameters, where training stands) as a snapshot in host
+    memory and writes it to every file that is due: at once, or in a background thread
+    (``background=True``: the caller goes on after the copy; :meth:`wait` for the files). Call it
+    on the process that writes (rank 0). When periodic saves are due is the run's control's
+    business (:class:`~ddp_utils.engine.control.StepControl`), not this class's.
 
     Args:
         save_dir: the run directory; files go to ``save_dir/weights``.
         opt: the run's options (stored in every checkpoint).
         hyp: the hyperparameters the run used (stored as given: the same as ``hyp.yaml``).
         save_period: also keep ``epoch{N}.pt`` every ``save_period`` epochs (<= 0: never).
-        interval_minutes: :meth:`save_due` turns true this long after the last save (<= 0: never).
         background: serialise and write in a thread.
 
     Examples:
         >>> import tempfile
-        >>> from ddp_utils.engine import ModelEMA
+        >>> import torch
+        >>> from torch import nn
+        >>> from ddp_utils.engine import ModelEMA, TrainState, TrainStep
         >>> model = nn.Linear(2, 1)
+        >>> step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), None, ModelEMA(model), None)
         >>> ckpts = Checkpointer(tempfile.mkdtemp(), opt={"epochs": 3}, hyp={"lr0": 0.01}, save_period=1)
-        >>> [p.name for p in ckpts.save(0, model, ModelEMA(model), best=True)]
+        >>> [p.name for p in ckpts.save(TrainState(epoch=1), step, best=True)]  # epoch 0 done: its files
         ['last.pt', 'best.pt', 'epoch0.pt']
     """
 
@@ -46,7 +47,6 @@ class Checkpointer:
         opt: Any = None,
         hyp: Mapping[str, Any] | None = None,
         save_period: int = -1,
-        interval_minutes: float = 0.0,
         background: bool = False,
     ) -> None:
         self.weights_dir = Path(save_dir) / "weights"
@@ -55,9 +55,7 @@ class Checkpointer:
         self.opt = to_plain(opt) if opt is not None else {}
         self.hyp = to_plain(dict(hyp)) if hyp is not None else {}
         self.save_period = int(save_period)
-        self.interval = max(float(interval_minutes), 0.0) * 60
         self.writer = BackgroundWriter() if background else None
-        self.last_saved = time.monotonic()
         self.blocked_seconds = 0.0  # how long the last save held its caller (the snapshot; the write unless background)
 
     def targets(self, epoch: int, best: bool = False, periodic: bool = True) -> list[Path]:
@@ -69,72 +67,66 @@ class Checkpointer:
             paths.append(self.weights_dir / f"epoch{epoch}.pt")
         return paths
 
-    def save_due(self) -> bool:
-        """Whether ``interval_minutes`` have passed since the last save (a periodic mid-epoch save is due)."""
-        return self.interval > 0 and time.monotonic() - self.last_saved >= self.interval
-
-    def save(
-        self,
-        epoch: int,
-        model: nn.Module,
-        ema: Any,
-        optimizer: torch.optim.Optimizer | None = None,
-        scaler: Any | None = None,
-        best_fitness: float = 0.0,
-        best: bool = False,
-        periodic: bool = True,
-        state: Any = None,
-    ) -> list[Path]:
-        """Write the checkpoint of ``epoch`` to last.pt (and best.pt, epochN.pt when due).
+    def save(self, state: Any, training: Any, *, best: bool = False) -> list[Path]:
+        """Write where training stands to last.pt (and best.pt, epochN.pt when due).
 
         Args:
-            epoch: the last finished epoch (-1: none yet).
-            model: the model being trained (wrappers are looked through).
-            ema: its :class:`~ddp_utils.engine.ModelEMA`; ``ema.ema`` is the checkpoint's ``model``.
-            optimizer: its state is stored for resuming.
-            scaler: a GradScaler; stored only when enabled.
-            best_fitness: the best fitness so far.
+            state: a :class:`~ddp_utils.engine.resume.TrainState`: the epoch in progress and the batch it
+                reached (0: the epochs before it are done and validated; ``epochN.pt`` may then be due),
+                the best fitness, and the rest a resume needs. The checkpoint's ``epoch`` is the last
+                epoch done (``state.epoch - 1``), as YOLOv5's.
+            training: what is trained, as attributes: ``model`` (wrappers are looked through), ``ema``
+                (its ``ema.ema`` is the checkpoint's ``model``), ``optimizer`` and ``scaler`` (stored when
+                enabled): a :class:`~ddp_utils.engine.TrainStep`.
             best: this epoch is the best so far: also write best.pt.
-            periodic: whether epochN.pt may be due (False for a save in the middle of an epoch).
-            state: where training stands (a :class:`~ddp_utils.engine.resume.TrainState`), for a resume
-                at the next batch.
 
         Returns:
             The paths written (or being written, in the background).
 
         Raises:
-            CheckpointWriteError: a write failed (with ``background``: an earlier one, raised here);
-                the previous file there is intact.
+            CheckpointWriteError: an inline write failed; the previous file there is intact. A background
+                write's failure is a warning from the writer instead (:meth:`wait` says whether it landed).
         """
         started = time.perf_counter()
+        scaler = getattr(training, "scaler", None)
         enabled = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
+        ema = training.ema
         ckpt = build_checkpoint(
             ema.ema,
-            train_model=model,
-            optimizer=optimizer,
+            train_model=training.model,
+            optimizer=getattr(training, "optimizer", None),
             scaler=scaler if enabled else None,
             ema_updates=ema.updates,
-            epoch=epoch,
-            best_fitness=best_fitness,
+            epoch=state.epoch - 1,
+            best_fitness=state.best_fitness,
             opt=self.opt,
             hyp=self.hyp,
-            train_state=state.as_dict() if state is not None else None,
+            train_state=state.as_dict(),
         )
-        paths = self.targets(epoch, best, periodic)
+        paths = self.targets(state.epoch - 1, best, periodic=state.batch == 0)
         if self.writer is not None:
             self.writer.submit(ckpt, paths)
         else:
             check_plain(ckpt)
             paths = write_serialised(ckpt, paths)
-        self.last_saved = time.monotonic()
         self.blocked_seconds = time.perf_counter() - started
         return paths
 
-    def wait(self) -> None:
-        """Return when every save is on disk (at once without ``background``).
+    def wait(self) -> bool:
+        """Return when every save is on disk (at once without ``background``): True when the last one landed.
 
-        Raises:
-            CheckpointWriteError: a background write failed.
+        A background write that failed was already reported as a warning, naming the file and the error.
         """
-        if self.writer is not None:
+        if self.writer is None:
+            return True
+        try:
             self.writer.wait()
+        except CheckpointWriteError as exc:
+            LOGGER.warning(str(exc))
+            return False
+        return True
+
+    @property
+    def write_seconds(self) -> float:
+        """How long the last save took to serialise and write (in its thread, with ``background``)."""
+        return self.writer.last_seconds if self.writer is not None else self.blocked_seconds

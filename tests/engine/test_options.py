@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from ddp_utils.engine.run import check_options, yolov5_option_notes
+from ddp_utils.engine import options as options_module
+from ddp_utils.engine.options import OptionError, batch_image_bytes, check_options, yolov5_option_notes
 from train import parse_opt
 
 
@@ -20,14 +23,16 @@ from train import parse_opt
         (["--label-smoothing", "1"], "--label-smoothing 1.0: give a value in [0, 1)"),
         (["--freeze", "10", "-1"], "--freeze 10 -1: give layer counts or indices >= 0"),
         (["--seed", "-7"], "--seed -7: give a seed >= 0"),
+        (["--seed", "99999999999999999999"], "--seed 99999999999999999999: give a seed >= 0 and at most 2**63 - 1"),
         (["--epochs", "0"], "--epochs 0: train at least one epoch"),
         (["--batch-size", "0"], "--batch-size 0: give the total batch size"),
     ],
 )
 def test_a_value_out_of_range_is_one_line_naming_the_option_and_the_value(args, message):
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(OptionError) as info:
         check_options(parse_opt(args), world_size=1)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    assert isinstance(info.value, ValueError) and info.value.option == args[0]
 
 
 @pytest.mark.parametrize(
@@ -63,3 +68,41 @@ def test_every_yolov5_train_option_parses_and_those_that_do_nothing_say_so():
 def test_evolve_is_refused_in_one_line_naming_what_to_use():
     with pytest.raises(ValueError, match=r"^--evolve: ddp_utils' train.py does not evolve hyperparameters"):
         check_options(parse_opt(["--evolve"]), world_size=1)
+
+
+def test_parse_opt_takes_yolov5s_known_keyword(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train.py", "--epochs", "3", "--not-an-option", "x"])
+    assert parse_opt(known=True).epochs == 3  # YOLOv5's parse_opt(known=True): the unknown ones ignored
+    assert parse_opt(True).epochs == 3  # its positional form
+    assert parse_opt(["--epochs", "2", "--zzz"], known=True).epochs == 2
+    with pytest.raises(SystemExit):
+        parse_opt()  # without known, an unknown option is refused as on the command line
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [({"imgsz": -5}, "--imgsz"), ({"epochs": 0}, "--epochs"), ({"seed": 10**20}, "--seed"),
+     ({"imgsz": 100_000}, "--imgsz"), ({"rect": True, "multi_scale": True}, "--rect")],
+)  # fmt: skip
+def test_train_run_from_python_raises_a_value_error_naming_the_option(monkeypatch, kwargs, option):
+    import train
+
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    monkeypatch.setattr(train, "main", lambda opt: pytest.fail(f"main ran with {opt}"))
+    with pytest.raises(OptionError) as info:
+        train.run(**kwargs)
+    assert isinstance(info.value, ValueError) and info.value.option == option
+    assert str(info.value).startswith(option) and "\n" not in str(info.value)
+
+
+def test_an_image_size_whose_batch_the_host_cannot_hold_is_refused(monkeypatch):
+    monkeypatch.setattr(options_module, "mem_available", lambda: 2 * 2**30)  # a host with 2 GiB to spare
+    check_options(parse_opt(["--imgsz", "640", "--device", "cpu"]), world_size=1)  # 94 MiB: fits
+    with pytest.raises(
+        OptionError, match=r"^--imgsz 4096: one batch of 16 images .* needs at least 3.8 GiB .* 2.0 GiB"
+    ):
+        check_options(parse_opt(["--imgsz", "4096", "--device", "cpu"]), world_size=1)
+    check_options(parse_opt(["--imgsz", "4096", "--batch-size", "4", "--device", "cpu"]), world_size=1)  # 0.9 GiB
+    with pytest.raises(OptionError, match=r"one batch of 4 images .* \(up to 1.5 x with --multi-scale\)"):
+        check_options(parse_opt(["--imgsz", "4096", "--batch-size", "8", "--multi-scale", "--device", "cpu"]), 2)
+    assert batch_image_bytes(4096, 16, float_copy=False) * 5 == batch_image_bytes(4096, 16)  # on a GPU: uint8 only

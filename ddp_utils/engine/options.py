@@ -1,0 +1,350 @@
+"""train.py's command line: its options (YOLOv5's, and ours), their checks, and user mistakes as one line.
+
+- :func:`add_train_options`: every option of train.py (``python train.py --help``), YOLOv5's names and defaults
+  first; :func:`add_yolov5_options`: YOLOv5's options that do nothing here, accepted so its commands run.
+- :func:`validate_options` (raises :class:`OptionError`, a ``ValueError`` naming the option) and
+  :func:`check_options` (the same, and the notes a run logs): before any process group or file.
+- :func:`user_errors`: a wrong path, file or value met while starting a run becomes one line and exit code 2
+  on the command line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import signal
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import torch
+
+from ..data.download import DownloadError
+from ..distributed import DistEnvError, RankFailedError, exit_usage_error
+from ..host import mem_available
+from ..log import LOGGER
+from ..progress import PROGRESS_MODES
+from ..yolo.foreign import ForeignCheckpointError
+from .checkpoint import CheckpointError
+from .signals import requeue_signal
+from .trackers import TRACKERS
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    """Add train.py's options to ``parser`` (YOLOv5's names and defaults, then what modern trainers offer)."""
+    add = parser.add_argument
+    add("--weights", default="", help="checkpoint to start from, ours or YOLOv5's ('' trains from scratch)")
+    add("--cfg", default="yolov5n.yaml", help="model yaml (configs/models/ or a path)")
+    add("--data", default="shapes.yaml", help="dataset yaml (data/ or a path)")
+    add("--hyp", default=None, help="hyperparameter yaml; default: the data yaml's, else hyp.scratch-low.yaml")
+    add("--epochs", type=int, default=None, help="default: the data yaml's train_defaults, else 100")
+    add("--batch-size", type=int, default=16, help="total batch size over all processes; -1: AutoBatch (GPU)")
+    add("--imgsz", "--img", "--img-size", type=int, default=None, help="train/val size (px); default from data yaml")
+    add("--rect", action="store_true", help="rectangular training batches")
+    add(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        help="resume the latest run, or the given run directory (or its weights/last.pt)",
+    )
+    add("--nosave", action="store_true", help="only save the final checkpoint")
+    add("--noval", action="store_true", help="only validate after the final epoch")
+    add("--noplots", action="store_true", help="save no plots (labels, batches, results)")
+    add("--verbose", action="store_true", help="the per-class table after every validation, not only the last")
+    add("--cache", nargs="?", const="ram", default=None, choices=["ram", "disk"], help="cache images")
+    add("--image-weights", action="store_true", help="sample images by class weights (single process)")
+    add("--device", default="", help="cuda device, i.e. 0 or 0,1,2,3 or cpu")
+    add("--amp", default=None, choices=["fp16", "bf16", "off"], help="mixed precision; default fp16 on CUDA, else off")
+    add("--compile", action="store_true", help="torch.compile the model (slow to start; off by default)")
+    add("--multi-scale", action="store_true", help="vary image size +/- 50%%")
+    add("--single-cls", action="store_true", help="train multi-class data as single-class")
+    add("--optimizer", default="SGD", choices=["SGD", "Adam", "AdamW"])
+    add("--sync-bn", action="store_true", help="SyncBatchNorm across processes (DDP only)")
+    add("--workers", type=int, default=None, help="max data-loader workers per process (default: the cores' share)")
+    add("--project", default="runs/train", help="save to project/name")
+    add("--name", default="exp", help="save to project/name")
+    add("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
+    add("--quad", action="store_true", help="quad data loader")
+    add("--cos-lr", action="store_true", help="cosine LR schedule")
+    add("--label-smoothing", type=float, default=0.0)
+    add("--patience", type=int, default=100, help="epochs without improvement before stopping (0: never)")
+    add("--freeze", nargs="+", type=int, default=[0], help="freeze the first N layers, or the listed layers")
+    add("--save-period", type=int, default=-1, help="also save epochN.pt every N epochs (-1: never)")
+    add("--save-interval", type=float, default=30.0, help="minutes between mid-epoch saves of last.pt (0: never)")
+    add("--seed", type=int, default=0)
+    add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
+    add("--requeue-signal", help='save, requeue the SLURM job, exit on it (USR1 under SLURM, "none": off)')
+    add("--trackers", nargs="+", default=[], choices=TRACKERS, help="also log to MLflow and/or Weights & Biases")
+    add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")
+    add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
+    add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
+    # torch.distributed.launch passes --local_rank; the rank always comes from the environment
+    add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
+
+
+class OptionError(ValueError):
+    """A train.py option with a value or combination it cannot train with; :attr:`option` names it.
+
+    A :class:`ValueError`, so a caller of ``train.run(...)`` catches it by type; the command line
+    prints its message as one line, ``train.py: error: ...``, and exits 2.
+
+    Attributes:
+        option: the option at fault, as typed on the command line (``"--imgsz"``).
+
+    Examples:
+        >>> exc = OptionError("--imgsz", "--imgsz -5: give the image size in pixels")
+        >>> exc.option, isinstance(exc, ValueError)
+        ('--imgsz', True)
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+def validate_options(opt: argparse.Namespace, world_size: int) -> None:
+    """Refuse bad values and combinations of train.py's options, saying nothing else.
+
+    What :func:`check_options` checks; ``train.run(...)`` calls it first, so that a bad value from
+    Python is an exception the caller can catch.
+
+    Raises:
+        OptionError: one line naming the option, its value and what to do.
+
+    Examples:
+        >>> validate_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
+        ...                  resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
+        Traceback (most recent call last):
+        ddp_utils.engine.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
+    """
+    if opt.batch_size < 1 and opt.batch_size != -1:
+        raise OptionError(
+            "--batch-size",
+            f"--batch-size {opt.batch_size}: give the total batch size, a positive integer, or -1 (AutoBatch)",
+        )
+    if opt.batch_size != -1 and opt.batch_size % world_size and not opt.resume:  # a resume keeps its recorded total
+        raise OptionError(
+            "--batch-size",
+            f"--batch-size {opt.batch_size} does not divide by WORLD_SIZE={world_size}: use a multiple of {world_size}",
+        )
+    if opt.image_weights and world_size > 1:
+        raise OptionError(
+            "--image-weights", "--image-weights works in a single process only: drop it or run without torchrun"
+        )
+    if opt.epochs is not None and opt.epochs < 1:
+        raise OptionError("--epochs", f"--epochs {opt.epochs}: train at least one epoch")
+    _check_ranges(opt)
+    _check_image_memory(opt, world_size)
+    if opt.rect and opt.multi_scale:
+        raise OptionError("--rect", "--rect and --multi-scale do not go together: rect batches have fixed shapes")
+    try:
+        requeue_signal(opt.requeue_signal)
+    except ValueError as exc:
+        raise OptionError("--requeue-signal", str(exc)) from None
+    if getattr(opt, "evolve", None) is not None:
+        raise OptionError(
+            "--evolve",
+            "--evolve: ddp_utils' train.py does not evolve hyperparameters (YOLOv5's genetic search); run YOLOv5's "
+            "train.py --evolve, or a sweep tool that calls train.py with --hyp",
+        )
+
+
+def check_options(opt: argparse.Namespace, world_size: int) -> None:
+    """Refuse bad combinations of train.py's options before any process group starts, then say in one
+    line each what a given option does not do here (``--sync-bn`` alone, YOLOv5's options).
+
+    Raises:
+        OptionError: a :class:`ValueError`: one line naming the option and what to do (:func:`validate_options`).
+
+    Examples:
+        >>> check_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
+        ...               resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
+        Traceback (most recent call last):
+        ddp_utils.engine.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
+    """
+    validate_options(opt, world_size)
+    if opt.sync_bn and world_size == 1:
+        LOGGER.warning("--sync-bn has no effect in a single process")
+    for note in yolov5_option_notes(opt):
+        LOGGER.info(note)
+
+
+# YOLOv5's train.py options that change nothing here: (attribute, its default, the note when it was given)
+_YOLOV5_ONLY = (
+    ("noautoanchor", False, "anchors are the model yaml's (or the checkpoint's): ddp_utils runs no AutoAnchor check"),
+    ("bucket", "", "a gsutil bucket for --evolve, which ddp_utils does not do"),
+    ("upload_dataset", False, "YOLOv5's Weights & Biases logger option"),
+    ("bbox_interval", -1, "YOLOv5's Weights & Biases logger option"),
+    ("artifact_alias", "latest", "YOLOv5's Weights & Biases logger option"),
+    ("ndjson_console", False, "YOLOv5's NDJSON logger option; results go to results.csv (and TensorBoard)"),
+    ("ndjson_file", False, "YOLOv5's NDJSON logger option; results go to results.csv (and TensorBoard)"),
+)
+
+
+def add_yolov5_options(parser: argparse.ArgumentParser) -> None:
+    """YOLOv5's train.py options that ddp_utils' does not use, accepted (unlisted in --help) so its commands run.
+
+    :func:`check_options` says in one line what each given one does here (nothing), or refuses it (``--evolve``).
+    """
+    add = parser.add_argument
+    add("--noautoanchor", action="store_true", help=argparse.SUPPRESS)
+    add("--evolve", type=int, nargs="?", const=300, help=argparse.SUPPRESS)
+    add("--bucket", default="", help=argparse.SUPPRESS)
+    add("--entity", default=None, help=argparse.SUPPRESS)
+    add("--upload_dataset", "--upload-dataset", nargs="?", const=True, default=False, help=argparse.SUPPRESS)
+    add("--bbox_interval", "--bbox-interval", type=int, default=-1, help=argparse.SUPPRESS)
+    add("--artifact_alias", "--artifact-alias", default="latest", help=argparse.SUPPRESS)
+    add("--ndjson-console", action="store_true", help=argparse.SUPPRESS)
+    add("--ndjson-file", action="store_true", help=argparse.SUPPRESS)
+
+
+def yolov5_option_notes(opt: argparse.Namespace) -> list[str]:
+    """One line per YOLOv5 option given that does nothing here, so a YOLOv5 command runs and says so.
+
+    Examples:
+        >>> yolov5_option_notes(argparse.Namespace(noautoanchor=True, bucket=""))[0][:46]
+        '--noautoanchor: accepted for YOLOv5 compatibil'
+    """
+    return [
+        f"--{name.replace('_', '-')}: accepted for YOLOv5 compatibility, does nothing here ({why})"
+        for name, default, why in _YOLOV5_ONLY
+        if getattr(opt, name, default) != default
+    ]
+
+
+MAX_SEED = 2**63 - 1  # torch keeps a seed in 64 bits, and each rank adds its rank to it
+
+# option: (a test its value must pass, what to use instead); options a Namespace lacks are not checked
+_RANGES = {
+    "imgsz": (lambda v: v is None or v >= 1, "give the image size in pixels, e.g. 640 (a multiple of the stride)"),
+    "workers": (lambda v: v is None or v >= 0, "give a number of loader workers >= 0 (0: load in the process)"),
+    "patience": (lambda v: v >= 0, "give epochs without improvement >= 0 (0: never stop early)"),
+    "save_interval": (lambda v: math.isfinite(v) and v >= 0, "give minutes >= 0 (0: no mid-epoch saves)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "give a value in [0, 1), e.g. 0.1"),
+    "freeze": (lambda v: all(i >= 0 for i in v), "give layer counts or indices >= 0"),
+    "seed": (lambda v: 0 <= v <= MAX_SEED, f"give a seed >= 0 and at most 2**63 - 1 ({MAX_SEED})"),
+}
+
+
+def _check_ranges(opt: argparse.Namespace) -> None:
+    """Every numeric option within its range, or one line naming the option, the value and what to use."""
+    for name, (valid, advice) in _RANGES.items():
+        if hasattr(opt, name) and not valid(getattr(opt, name)):
+            value = getattr(opt, name)
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            option = f"--{name.replace('_', '-')}"
+            raise OptionError(option, f"{option} {shown}: {advice}")
+
+
+def batch_image_bytes(imgsz: int, images: int, multi_scale: bool = False, float_copy: bool = True) -> int:
+    """Host memory that one batch of ``images`` square images of ``imgsz`` pixels takes at the least:
+    the uint8 images a loader hands over, plus the float32 copy the model reads when it runs on the CPU.
+
+    A lower bound: the model's activations, the loader's prefetched batches and the caches come on top.
+
+    Args:
+        imgsz: the image side in pixels.
+        images: images in one process's batch.
+        multi_scale: ``--multi-scale``, which draws sizes up to 1.5 x ``imgsz``.
+        float_copy: the float32 batch is in host memory too (training on the CPU).
+
+    Examples:
+        >>> batch_image_bytes(640, 16) / 2**20  # 16 images of 640 x 640 x 3, and their float copy
+        93.75
+        >>> round(batch_image_bytes(100_000, 16) / 2**40, 2)  # TiB: what --imgsz 100000 asks of a CPU run
+        2.18
+    """
+    side = math.ceil(imgsz * 1.5) if multi_scale else imgsz
+    return images * 3 * side * side * (1 + (4 if float_copy else 0))
+
+
+def _check_image_memory(opt: argparse.Namespace, world_size: int) -> None:
+    """Refuse an ``--imgsz`` whose one batch of images this host cannot hold, before anything is written."""
+    imgsz = getattr(opt, "imgsz", None)
+    available = mem_available()
+    if not imgsz or available is None:
+        return
+    images = max(opt.batch_size // world_size, 1) if opt.batch_size > 0 else 1  # AutoBatch: one image at least
+    multi_scale = bool(getattr(opt, "multi_scale", False))
+    on_cpu = str(getattr(opt, "device", "")).strip().lower() == "cpu" or not torch.cuda.is_available()
+    needed = batch_image_bytes(imgsz, images, multi_scale, float_copy=on_cpu)
+    if needed > available:
+        raise OptionError(
+            "--imgsz",
+            f"--imgsz {imgsz}: one batch of {images} images of {imgsz} x {imgsz} px"
+            f"{' (up to 1.5 x with --multi-scale)' if multi_scale else ''} needs at least {_gib(needed)} of "
+            f"memory in each process, and this host has {_gib(available)} available: give a smaller --imgsz "
+            "or --batch-size",
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def options_with(opt: argparse.Namespace, values: dict[str, Any], world_size: int) -> argparse.Namespace:
+    """``opt`` with ``values`` set over it (``train.run(**values)``), checked as the command line's would be.
+
+    Raises:
+        TypeError: a name that is not an option (YOLOv5's ``run`` would set it and ignore it).
+        OptionError: a value the command line refuses, naming the option.
+
+    Examples:
+        >>> options_with(argparse.Namespace(epochs=3), {"epoch": 5}, 1)
+        Traceback (most recent call last):
+        TypeError: train.run: no option named epoch (python train.py --help lists them)
+    """
+    unknown = sorted(set(values) - set(vars(opt)))
+    if unknown:
+        raise TypeError(f"train.run: no option named {', '.join(unknown)} (python train.py --help lists them)")
+    opt = argparse.Namespace(**{**vars(opt), **values})
+    validate_options(opt, world_size)
+    return opt
+
+
+def control_settings(opt: argparse.Namespace, is_main: bool) -> dict[str, Any]:
+    """The run's :class:`~ddp_utils.engine.control.StepControl` settings from its options: SIGTERM and Ctrl-C stop
+    and save, ``--requeue-signal`` also requeues, ``--save-interval`` minutes between saves on rank 0's clock
+    (none with ``--nosave``)."""
+    requeue = requeue_signal(opt.requeue_signal)
+    return dict(
+        signals=(signal.SIGTERM, signal.SIGINT),
+        requeue_signals=(requeue,) if requeue else (),
+        save_interval=0.0 if opt.nosave else opt.save_interval * 60,
+        keeps_clock=is_main,
+    )
+
+
+DIVERGED_EXIT_CODE = 3  # a run stopped because its steps stayed non-finite (its last.pt: the last finite state)
+# the data and model yaml errors are ValueErrors; these are what a wrong path, file or value raises
+USER_ERRORS = (
+    FileNotFoundError,
+    ValueError,
+    CheckpointError,
+    ForeignCheckpointError,
+    DistEnvError,
+    DownloadError,  # offline, a dataset that is not here yet: one line naming the URL
+)
+
+
+def usage_error(message: str, code: int = 2) -> NoReturn:
+    """A user's mistake: one line (once per node), exit ``code`` (2), no traceback; torchrun's report names it."""
+    exit_usage_error(f"train.py: error: {message}", code=code)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """A wrong path, file or value in the inputs: one line and exit code 2, before any run directory.
+
+    A follower whose node's first process met the mistake (and said it) ends alike, without a traceback.
+    """
+    try:
+        yield
+    except USER_ERRORS as exc:
+        LOGGER.debug("the user error's traceback", exc_info=True)
+        usage_error(str(exc))
+    except RankFailedError as exc:
+        if not exc.leader_raised(*USER_ERRORS):
+            raise
+        usage_error(exc.leader_message)

@@ -1,0 +1,127 @@
+"""StepControl: one save per interval against the real clock, a stop on one rank seen by all at one step, and
+non-finite steps skipped on every rank alike, counted, and stopping a run whose steps stay non-finite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddp_utils.engine import Action, StepControl
+
+from ..multiproc import describe, launch, records
+
+SCENARIOS = "tests.workers.control_scenarios"
+
+
+def test_the_clock_asks_once_per_interval_and_again_only_after_the_save():
+    now = [0.0]
+    control = StepControl(save_interval=10.0, clock=lambda: now[0])
+    with control:
+        assert control.after_step(None, boundary=True, last=False) is Action.GO
+        now[0] = 10.0
+        assert control.after_step(None, boundary=False, last=False) is Action.GO  # due, but inside a window
+        assert control._asked  # asked once; the request waits for the window's end
+        assert control.after_step(None, boundary=True, last=False) is Action.SAVE
+        now[0] = 15.0
+        assert control.after_step(None, boundary=True, last=False) is Action.GO  # not saved yet: no second request
+        control.saved()
+        now[0] = 24.0
+        assert control.after_step(None, boundary=True, last=False) is Action.GO
+        now[0] = 25.0
+        assert control.after_step(None, boundary=True, last=True) is Action.GO  # the epoch's own save follows
+        control.saved()  # the end-of-epoch save restarts the clock and drops the request
+        assert control.after_step(None, boundary=True, last=False) is Action.GO
+
+
+def test_a_clock_that_is_not_this_ranks_never_asks():
+    now = [100.0]
+    with StepControl(save_interval=1.0, keeps_clock=False, clock=lambda: now[0]) as control:
+        now[0] = 1000.0
+        assert {control.after_step(None, boundary=True, last=False) for _ in range(3)} == {Action.GO}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_one_save_per_interval_against_the_real_clock(nprocs):
+    """The reviewer's case: a 0.24 s interval, steps of about 0.04 s, background saves of a real checkpoint.
+    Before the latch every save came twice, one step apart (batches 6 and 7, 12 and 13)."""
+    interval, step_seconds = 0.24, 0.04
+    workers = launch(
+        f"{SCENARIOS}:real_clock_saves", nprocs, timeout=100, args=("40", str(step_seconds), str(interval))
+    )
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    found = records(workers)
+    saves, at = found[0]["saves"], found[0]["at"]
+    assert all(r["saves"] == saves for r in found), found  # every rank saved at the same batches
+    assert found[0]["written"] and found[0]["batches"] == 40
+    assert len(saves) >= 2, found[0]
+    assert all(b - a >= 2 for a, b in zip(saves, saves[1:])), saves  # never two saves on consecutive steps
+    assert all(b - a >= interval for a, b in zip(at, at[1:])), at  # one save per interval, by rank 0's clock
+    # and not fewer: the clock asks as soon as the interval passed, the save comes a step or two later
+    expected = found[0]["seconds"] / (interval + 3 * step_seconds) - 1
+    assert len(saves) >= expected, (saves, found[0]["seconds"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step():
+    workers = launch(f"{SCENARIOS}:signal_on_rank1", 2, timeout=100, args=("12", "3"))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    rank0, rank1 = records(workers)
+    # rank 1's flag goes into the all-reduce started after step 3, whose answer is read after step 4
+    assert rank0["stopped_at"] == rank1["stopped_at"] == 4
+    assert rank0["anywhere"] is rank1["anywhere"] is True and rank0["reason"] == rank1["reason"] == "signal"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fused", ["0", "1"])
+def test_a_non_finite_step_on_one_rank_is_skipped_by_every_rank(fused):
+    """fused=1: the optimizer takes the decision as its found_inf tensor (no host read, as on a GPU)."""
+    workers = launch(f"{SCENARIOS}:nonfinite_on_rank1", 2, timeout=100, args=("10", "3", "4", fused))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    rank0, rank1 = records(workers)
+    for record in (rank0, rank1):
+        assert record["batches"] == 10 and not record["stopped"] and not record["stop"] and record["reason"] is None
+        assert record["skipped"] == 1 and record["finite"] and record["optimizer_steps"] == 10
+        assert record["weights"][3] == record["weights"][2] != record["weights"][4]  # step 3 left no trace
+    assert rank0["weights"] == rank1["weights"]  # both ranks skipped it: DDP's weights stay equal
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_steps_that_stay_non_finite_stop_every_rank_with_the_last_finite_state():
+    workers = launch(f"{SCENARIOS}:nonfinite_on_rank1", 2, timeout=100, args=("12", "3-", "4"))
+    assert all(w.returncode == 0 for w in workers), describe(workers)
+    for record in records(workers):
+        # steps 3-6 skipped: four in a row after step 6, learnt by every rank through the all-reduce after step 7
+        assert record["stopped"] and record["batches"] == 8 and record["reason"] == "diverged", record
+        assert record["in_a_row"] >= 4 and record["finite"]
+        assert all(w == record["weights"][2] for w in record["weights"][3:]), "a non-finite step moved the weights"
+
+
+def test_in_one_process_the_run_stops_once_the_limit_is_reached():
+    from ddp_utils.engine import train_one_epoch
+    from tests.workers.control_scenarios import _Batches, _small, _step
+
+    torch.manual_seed(0)
+    model = _small()
+    step = _step(model)
+    bn_before = None
+
+    def remember(i, *_batch):
+        nonlocal bn_before
+        if i == 1:
+            bn_before = model[1].running_mean.clone()
+
+    with StepControl(nonfinite_limit=3) as control:
+        stats = train_one_epoch(step, _Batches(10, nan_at=set(range(2, 10))), 0, torch.device("cpu"),
+                                control=control, on_batch=remember)  # fmt: skip
+    assert stats.stopped and stats.batch == 5 and control.reason == "diverged" and control.skipped == 3
+    assert torch.equal(model[1].running_mean, bn_before)  # BatchNorm's statistics as before the first bad forward
+    assert torch.isfinite(stats.loss).all()  # the skipped steps' losses are not in the running mean
