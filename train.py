@@ -37,11 +37,8 @@ from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layer
 
 
 def parse_opt(argv: list[str] | bool | None = None, known: bool = False) -> argparse.Namespace:
-    """The options from ``argv`` (default: the command line).
-
-    ``known=True``, as YOLOv5's ``parse_opt(known=True)``: the options that train.py knows, the rest
-    ignored (``parse_opt(True)``, YOLOv5's positional form, means the same).
-    """
+    """The options from ``argv`` (default: the command line); ``known=True`` (or YOLOv5's ``parse_opt(True)``):
+    the options train.py knows, the rest ignored."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_train_options(parser)  # YOLOv5's options, then ours: ddp_utils/engine/options.py
     if isinstance(argv, bool):  # YOLOv5's parse_opt(True)
@@ -50,13 +47,10 @@ def parse_opt(argv: list[str] | bool | None = None, known: bool = False) -> argp
 
 
 def run(**kwargs) -> argparse.Namespace:
-    """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``: the command line's known
-    options with ``kwargs`` set over them, then :func:`main`; returns the options.
+    """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``; returns the options.
 
-    Raises:
-        TypeError: a name that is not one of train.py's options (YOLOv5 would set it and ignore it).
-        ddp_utils.engine.OptionError: a value the command line refuses (``imgsz=-5``), a ``ValueError`` naming
-            the option, raised here instead of the command line's one line and exit code 2.
+    A name that is no option raises TypeError (YOLOv5 would ignore it), a value the command line refuses
+    (``imgsz=-5``) :class:`ddp_utils.engine.OptionError`, a ValueError naming the option.
     """
     opt = options.options_with(parse_opt(known=True), kwargs, du.dist_info().world_size)
     main(opt)
@@ -177,18 +171,18 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
     cuts a validation short: last.pt records the batch, and --resume continues at the next one.
     """
     opt, step = run.opt, fit.step
-    logger, stopper, saves, control = open_records(run, fit, info)
+    logger, stopper, saves, control, watchdog = open_records(run, fit, info)
     stats, stop = None, False
-    with logger, control:  # an error: the trackers' runs FAILED
+    with watchdog, logger, control:  # an error: the trackers' runs FAILED; a rank that stalls: all end, named
         for epoch in range(fit.state.epoch, run.epochs):
             skipped = control.skipped
-            stats = train_epoch(run, fit, device, info, control, saves)
+            stats = train_epoch(run, fit, device, info, control, saves, watchdog)
             if control.epoch_end(step):  # a signal in the epoch or its last step, or non-finite steps: save first
                 break
             lrs = [group["lr"] for group in step.optimizer.param_groups]
             train_loss = du.reduce_tensor(stats.loss, op="mean").cpu()
             try:
-                metrics, val_loss = validate(run, fit, device, epoch, control)
+                metrics, val_loss = validate(run, fit, device, epoch, control, watchdog)
             except yolo.ValidationInterrupted:  # a signal during validation: the trained epoch is saved, unvalidated
                 control.stop_anywhere()
                 break
@@ -218,13 +212,14 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
     return fit.state.metrics()[0]
 
 
-def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, saves):
+def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, saves, watchdog):
     """One epoch, or what a resumed one has left: the loader starts at the batch to continue at."""
     opt, state = run.opt, fit.state
     if opt.image_weights:  # YOLOv5's --image-weights: rare and badly detected classes drawn more often
         fit.train_loader.set_image_weights(epoch_image_weights(fit.labels, run.nc, state.last_val.get("maps")))
     fit.train_loader.set_epoch(state.epoch, start_batch=state.batch)
     batches = DevicePrefetcher(fit.train_loader, device, fit.step.channels_last)  # on CUDA: copies overlap
+    batches = watchdog.track(batches, "train")  # a batch that never comes is a stall
     plot = first_batches_plotter(run.save_dir, run.names, info.is_main and state.epoch == 0 and not opt.noplots)
     return engine.train_one_epoch(
         fit.step,
@@ -252,28 +247,27 @@ def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
     if fit.state.best_epoch >= 0:  # a resumed run counts its patience from its best epoch
         stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
     checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, run.opt.save_period, background=True)
-    control = engine.StepControl(**options.control_settings(run.opt, info.is_main))  # signals, save clock (rank 0's)
+    watchdog = du.distributed.StallWatchdog()  # DDP_UTILS_STALL_TIMEOUT (checked by check_options)
+    control = engine.StepControl(**options.control_settings(run.opt, info.is_main), watchdog=watchdog)
     du.LOGGER.info(
         f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
         f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
         f"{run.epochs} epochs, logging to {run.save_dir}"
     )
-    return logger, stopper, RunSaves(checkpoints, control, info), control
+    return logger, stopper, RunSaves(checkpoints, control, info, watchdog), control, watchdog
 
 
-def validate(run: Run, fit: Training, device: torch.device, epoch: int, control) -> tuple[dict, torch.Tensor]:
+def validate(run: Run, fit: Training, device: torch.device, epoch: int, control, watchdog) -> tuple:
     """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones.
-
-    Raises:
-        yolo.ValidationInterrupted: a stop signal arrived on some rank (every rank raises it).
-    """
+    A stop signal on any rank cuts it short: every rank raises yolo.ValidationInterrupted."""
     final_epoch = epoch + 1 == run.epochs
     if run.opt.noval and not final_epoch:
         return fit.state.metrics()  # results.csv reports the last validation again, as YOLOv5's does
     fit.step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
     ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, control.stop_requested  # a signal cuts it short
-    shown = dict(verbose=False, progress=du.is_main_process())
-    metrics, val_loss = yolo.evaluate(ema, fit.val_loader, loss, device=device, stop=stop, **shown)
+    shown = dict(verbose=False, progress=du.is_main_process(), watchdog=watchdog)
+    val = watchdog.track(fit.val_loader, "val")
+    metrics, val_loss = yolo.evaluate(ema, val, loss, device=device, stop=stop, **shown)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
         du.LOGGER.info(yolo.class_table(metrics, run.names, per_class=True if run.opt.verbose else None))
     return metrics, val_loss

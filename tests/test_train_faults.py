@@ -5,10 +5,13 @@ processes saved them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ import yaml
 from ddp_utils.data import make_shapes_dataset
 from ddp_utils.engine import TrainState, load_checkpoint
 from tests.multiproc import REPO_ROOT, describe, run_watching
-from tests.test_train import results, run, torchrun, train_env
+from tests.test_train import _worker_pids, results, run, torchrun, train_env
 from tests.test_train_resume import assert_bit_identical, progress_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -110,3 +113,31 @@ def test_an_end_of_epoch_checkpoint_records_the_processes_that_saved_it(data, tm
     assert result.returncode == 0, describe([result])
     state = TrainState.from_checkpoint(load_checkpoint(tmp_path / "ddp" / "weights" / "last.pt"))
     assert (state.epoch, state.batch, state.world_size) == (1, 0, 2), state
+
+
+@pytest.mark.multiprocess
+def test_a_rank_stopped_with_sigstop_is_named_and_the_restarted_job_finishes_every_epoch_once(data, tmp_path):
+    """The stall watchdog under a real torchrun job (bound shortened to 15 s; benchmarks/faults.py measures the
+    default): every live rank ends with exit 75 naming rank 1, torchrun kills the stopped one and restarts, and the
+    job resumes from its last save and finishes."""
+    cmd = torchrun(2, *args(data, tmp_path, "stall", "--epochs", "3"), extra=("--max-restarts", "1"))
+    stopped: dict[str, float] = {}
+
+    def freeze_rank_1(line: str, proc: subprocess.Popen) -> None:
+        if not stopped and line.startswith("epoch 1/3:"):
+            pid = _worker_pids(proc.pid)[1]
+            os.kill(pid, signal.SIGSTOP)
+            stopped.update(pid=pid, at=time.monotonic())
+
+    try:
+        result = run_watching(cmd, train_env() | {"DDP_UTILS_STALL_TIMEOUT": "15"}, 500, freeze_rank_1)
+    finally:
+        if stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stopped["pid"]), signal.SIGKILL)
+    finished = time.monotonic()
+    assert stopped and result.returncode == 0, describe([result])
+    assert re.search(r"rank 1 stalled: no progress for \d+ s", result.stderr), describe([result])
+    assert "resuming" in result.stderr, describe([result])
+    assert [r["epoch"] for r in results(tmp_path / "stall")] == [0.0, 1.0, 2.0]  # every epoch once
+    assert finished - stopped["at"] < 300, finished - stopped["at"]

@@ -101,6 +101,7 @@ def evaluate(
     verbose: bool = True,
     stop: Callable[[], bool] | None = None,
     progress: bool = False,
+    watchdog: Any = None,
 ) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
@@ -123,6 +124,8 @@ def evaluate(
             rank raises :class:`ValidationInterrupted` before any metric is computed.
         progress: show this rank's progress through its batches ("val 3/8"; a bar, plain lines or nothing, as
             :func:`ddp_utils.progress.progress_mode` says): pass it on the main process.
+        watchdog: a :class:`~ddp_utils.distributed.StallWatchdog`: rank 0's COCO evaluation, which the other
+            ranks wait for, is an unbounded phase of it (it takes minutes on COCO on a CPU); or None.
 
     Returns:
         ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics`
@@ -187,10 +190,11 @@ def evaluate(
 
     everything = _gather_to_rank0(records)
     metrics = None
-    if everything is not None:
+    computing = watchdog.phase("metrics", None) if watchdog is not None else contextlib.nullcontext()
+    if everything is not None:  # rank 0, while the others wait in the broadcast below
         try:
-            unique = _unique(everything)
-            metrics = coco_metrics(unique, max_dets=max_det)
+            with computing:
+                metrics = coco_metrics(_unique(everything), max_dets=max_det)
             (LOGGER.info if verbose else LOGGER.debug)(
                 f"val: {metrics.images} images, {metrics.instances} labels: P {metrics['precision']:.3f} "
                 f"R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} mAP50-95 {metrics['map']:.3f}"
