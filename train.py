@@ -5,10 +5,9 @@
     torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 \\
         --rdzv_backend c10d --rdzv_endpoint HOST:29400 --rdzv_id job1 train.py --data coco.yaml
 
-The script tells the story of one run; every reusable piece comes from ddp_utils.
-Under torchrun each process trains on its shard of every batch; DDP averages the
-gradients, so all processes hold the same weights. Rank 0 logs, validates the
-gathered predictions, and writes checkpoints and results.
+The script tells the story of one run; every reusable piece comes from ddp_utils. Under torchrun each
+process trains on its shard of every batch and DDP averages the gradients, so all hold the same weights;
+each validates its shard of the held-out images; rank 0 logs and writes the checkpoints and results.
 """
 
 from __future__ import annotations
@@ -159,7 +158,6 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     settings = dict(amp=run.amp, world_size=info.world_size, multi_scale=multi_scale, channels_last=channels_last)
     parts = (model, optim.optimizer, scaler, ema, compute_loss, optim.accumulate, optim.warmup)
     step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)  # after every wrapper: see its guard
-    step.guard.counts[0] = state.skipped  # the run's skipped steps go on counting from a resume's
     return Training(step, optim.scheduler, train_loader, val_loader, labels, state)
 
 
@@ -175,7 +173,6 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
     stats, stop = None, False
     with watchdog, logger, control:  # an error: the trackers' runs FAILED; a rank that stalls: all end, named
         for epoch in range(fit.state.epoch, run.epochs):
-            skipped = control.skipped
             stats = train_epoch(run, fit, device, info, control, saves, watchdog)
             if control.epoch_end(step):  # a signal in the epoch or its last step, or non-finite steps: save first
                 break
@@ -191,9 +188,9 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
             best = yolo.fitness(metrics) >= fit.state.best_fitness
             maps = yolo.class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
             fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps, control.skipped)
-            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.skipped - skipped))
+            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.epoch_skipped))
             line = epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size))
-            du.LOGGER.info(line + epoch_notes(epoch, stats, control.skipped - skipped))
+            du.LOGGER.info(line + epoch_notes(epoch, stats, control.epoch_skipped))
             stats, stop = None, control.stop_anywhere() or stop  # a signal during the validation's last moments
             if not opt.nosave or fit.state.epoch == run.epochs or stop:
                 saves.save(fit, best=best)
@@ -248,7 +245,8 @@ def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
         stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
     checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, run.opt.save_period, background=True)
     watchdog = du.distributed.StallWatchdog()  # DDP_UTILS_STALL_TIMEOUT (checked by check_options)
-    control = engine.StepControl(**options.control_settings(run.opt, info.is_main), watchdog=watchdog)
+    settings = options.control_settings(run.opt, info.is_main)  # signals, the save clock (rank 0's)
+    control = engine.StepControl(**settings, watchdog=watchdog, skipped=fit.state.skipped)
     du.LOGGER.info(
         f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
         f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
