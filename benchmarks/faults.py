@@ -2,11 +2,11 @@
 and what did it lose?
 
     python benchmarks/faults.py [--faults sigterm sigterm-val sigkill sigstop worker-kill enospc nan truncated]
-        [--epochs 3] [--save-interval 0.05] [--dir DIR]
+        [--epochs 3] [--save-interval 0.01] [--dir DIR]
 
 The job: ``torchrun --nproc_per_node 2 --max-restarts 3 train.py`` (gloo, CPU), yolov5n on 64 synthetic images
 at 128 px, 8 images a step (4 per process), one optimizer step per batch, ``--workers 1``, a periodic save every
-``--save-interval`` minutes (3 s by default: a long run's 30 minutes, scaled to a run of seconds), the stall
+``--save-interval`` minutes (0.6 s by default: a long run's 30 minutes, scaled to epochs of seconds), the stall
 watchdog at its default bound (120 s). First the same job uninterrupted, then one job per fault:
 
 - ``sigterm``: SIGTERM to the job (torchrun passes it on) in epoch 2; then the same command with ``--resume``.
@@ -67,7 +67,7 @@ USER_LINE = {  # the first line that says what happened, per fault
     "sigterm": re.compile(r"received SIGTERM"),
     "sigterm-val": re.compile(r"received SIGTERM"),
     "sigkill": re.compile(r"exitcode\s*:\s*-9|Signal 9|SIGKILL"),
-    "sigstop": re.compile(r"rank \d+ stalled"),
+    "sigstop": re.compile(r"rank \d+ stalled: "),
     "worker-kill": re.compile(r"DataLoader worker .*(killed|exited)|worker .*killed"),
     "enospc": re.compile(r"could not save checkpoint .*No space left on device"),
     "nan": re.compile(r"optimizer step\(s\) skipped \(non-finite gradients\)"),
@@ -115,10 +115,14 @@ def rank_pids(agent: int) -> dict[int, int]:
     return found
 
 
+LOGS: list[Path] = []  # where run_job keeps each job's output (set by main)
+
+
 def run_job(
     cmd: list[str], env: dict[str, str], timeout: float, on_line: Callable[[str, subprocess.Popen], None]
 ) -> Job:
-    """Run ``cmd`` to its end (or ``timeout``), calling ``on_line`` on each output line as it comes."""
+    """Run ``cmd`` to its end (or ``timeout``), calling ``on_line`` on each output line as it comes; its output
+    is kept in ``<dir>/logs/``."""
     job, start = Job(), time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip
@@ -138,6 +142,9 @@ def run_job(
             os.killpg(proc.pid, signal.SIGKILL)
         job.returncode = proc.wait()
     reader.join(timeout=10)
+    if LOGS:
+        log = LOGS[0] / f"job{len(list(LOGS[0].glob('job*.log'))):02d}.log"
+        log.write_text(" ".join(cmd) + "\n" + "\n".join(line for _, line in job.lines) + f"\nexit {job.returncode}\n")
     return job
 
 
@@ -362,12 +369,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--save-interval", type=float, default=0.05, help="minutes between periodic saves")
+    parser.add_argument("--save-interval", type=float, default=0.01, help="minutes between periodic saves")
     parser.add_argument("--dir", type=Path, default=None, help="where the runs go (default: a temp directory)")
     opt = parser.parse_args()
     root = Path(opt.dir or tempfile.mkdtemp(prefix="faults-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     s = Setup(root, opt.epochs, opt.save_interval)
+    LOGS.append(root / "logs")
+    LOGS[0].mkdir(exist_ok=True)
     out = root / "runs"
     reference = run_job(s.job(out, "reference"), s.env, 900, lambda *a: None)
     if reference.returncode != 0:
