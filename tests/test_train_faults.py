@@ -18,11 +18,10 @@ import pytest
 import torch
 import yaml
 
-from ddp_utils.data import make_shapes_dataset
 from ddp_utils.engine import TrainState, load_checkpoint
-from tests.multiproc import REPO_ROOT, describe, run_watching
+from tests.multiproc import describe, run_watching
 from tests.test_train import _worker_pids, results, run, torchrun, train_env
-from tests.test_train_resume import assert_bit_identical, progress_env
+from tests.test_train_resume import assert_bit_identical, progress_env, small_run_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -33,18 +32,10 @@ LAST_STEP = re.compile(r"^1/2 .* 8/8 100%")  # epoch 1's last training step, in 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
     """64 training images (8 steps of 8) and 48 held out: validation takes 3 batches of 16, so it can be cut."""
-    root = tmp_path_factory.mktemp("faults")
-    make_shapes_dataset(root / "shapes", n_train=64, n_val=48, size=(128, 160), seed=0, max_objects=4)
-    data_yaml = root / "shapes.yaml"
-    data_yaml.write_text(
-        f"path: {root / 'shapes'}\ntrain: images/train\nval: images/val\n"
-        "names: {0: circle, 1: square, 2: triangle, 3: star}\n"
-    )
-    hyp = yaml.safe_load((REPO_ROOT / "configs" / "hyps" / "hyp.shapes.yaml").read_text())
-    hyp.update(warmup_epochs=0.5, warmup_min_iters=2)
-    (root / "hyp.yaml").write_text(yaml.safe_dump(hyp))
-    (root / "hyp_diverging.yaml").write_text(yaml.safe_dump({**hyp, "lr0": 1.0e6}))
-    return {"data": data_yaml, "hyp": root / "hyp.yaml", "diverging": root / "hyp_diverging.yaml"}
+    files = small_run_data(tmp_path_factory.mktemp("faults"), n_val=48)
+    hyp = yaml.safe_load(files["hyp"].read_text())
+    (files["hyp"].parent / "hyp_diverging.yaml").write_text(yaml.safe_dump({**hyp, "lr0": 1.0e6}))
+    return {**files, "diverging": files["hyp"].parent / "hyp_diverging.yaml"}
 
 
 def args(data: dict[str, Path], project: Path, name: str, *extra: str, hyp: str = "hyp") -> list[str]:

@@ -43,8 +43,13 @@ NB = 8  # batches per epoch: 64 images, 8 per step
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
     """64 + 16 synthetic images, and hyperparameters whose warm-up ends early in epoch 1 (4 iterations)."""
-    root = tmp_path_factory.mktemp("resume")
-    make_shapes_dataset(root / "shapes", n_train=64, n_val=16, size=(128, 160), seed=0, max_objects=4)
+    return small_run_data(tmp_path_factory.mktemp("resume"), n_val=16)
+
+
+def small_run_data(root: Path, n_val: int) -> dict[str, Path]:
+    """64 training images (8 steps of 8) and ``n_val`` held out, with their data yaml; hyp.shapes.yaml with a
+    warm-up that ends early in epoch 1 (4 iterations)."""
+    make_shapes_dataset(root / "shapes", n_train=64, n_val=n_val, size=(128, 160), seed=0, max_objects=4)
     data_yaml = root / "shapes.yaml"
     data_yaml.write_text(
         f"path: {root / 'shapes'}\ntrain: images/train\nval: images/val\n"
