@@ -58,6 +58,8 @@ NBS = 64  # YOLOv5's train.py: nbs = 64, hard-coded
 WARMUP_MIN_ITERS = 100  # YOLOv5's train.py: nw = max(round(warmup_epochs * nb), 100)
 LOSSES = ("box", "obj", "cls")
 SIDES = ("yolov5", "ours")
+STEADY_STD_RATIO = 1.5  # a short schedule's goal: ours' spread over seeds at most this times YOLOv5's,
+STEADY_MEAN_RATIO = 0.95  # and ours' mean at least this fraction of YOLOv5's
 NAMES = {0: "circle", 1: "square", 2: "triangle", 3: "star"}
 
 
@@ -305,6 +307,14 @@ def report(results: dict[str, Any]) -> str:
             f"wall time ours/YOLOv5 {stats['wall ours/YOLOv5'][0]:.2f} (mean of the per-seed ratios), "
             f"CPU time {stats['CPU ours/YOLOv5'][0]:.2f}",
         ]
+        if len(seeds) > 1 and spread > 0:  # a short schedule's question: as steady across seeds, as good on average
+            ours_spread = stats["ours mAP@0.5:0.95"][1]
+            steady = ours_spread <= STEADY_STD_RATIO * spread and ours >= STEADY_MEAN_RATIO * theirs
+            lines.append(
+                f"steadiness over {len(seeds)} seeds: std ours/YOLOv5 {ours_spread:.3f} / {spread:.3f} = "
+                f"{ours_spread / spread:.2f} (at most {STEADY_STD_RATIO}), mean ours/YOLOv5 {ours / theirs:.3f} "
+                f"(at least {STEADY_MEAN_RATIO}): {'met' if steady else 'NOT met'}"
+            )
     anchors = {run["yolov5"].get("autoanchor") for run in runs.values() if "yolov5" in run}
     if anchors - {None, ""}:
         lines += ["", "YOLOv5 AutoAnchor: " + " / ".join(sorted(anchors - {None, ""}))]

@@ -87,7 +87,12 @@ def test_report_gives_mean_std_ratios_the_goal_and_the_loss_curves():
     assert "0.813 >= YOLOv5's mean minus one std 0.820 - 0.020 = 0.800: met" in text
     assert "wall time ours/YOLOv5 0.75" in text and "Best Possible Recall" in text
     assert "| 2 | 0.1000 / 0.0200 / 0.0400 | 0.1200 / 0.0200 / 0.0400 | 1.200 |" in text
+    assert "std ours/YOLOv5 0.015 / 0.020 = 0.76 (at most 1.5), mean ours/YOLOv5 0.992 (at least 0.95): met" in text
     assert "NOT met" in parity.report(fixture_results([0.70, 0.71, 0.72], [0.80, 0.82, 0.84]))
+    spread = parity.report(fixture_results([0.78, 0.82, 0.86], [0.80, 0.82, 0.84]))  # mean equal, spread 2x
+    steadiness = next(line for line in spread.splitlines() if line.startswith("steadiness"))
+    assert "= 2.00 (at most 1.5)" in steadiness and "mean ours/YOLOv5 1.000" in steadiness
+    assert steadiness.endswith("NOT met")
 
 
 @pytest.mark.slow
