@@ -106,6 +106,7 @@ def smart_optimizer(
     optimizer.register_load_state_dict_post_hook(_keep_implementation)
     optimizer.add_param_group({"params": groups["weight"], "weight_decay": decay, "name": "weight"})
     optimizer.add_param_group({"params": groups["norm"], "weight_decay": 0.0, "name": "norm"})
+    _zero_momentum_buffers(optimizer)
     LOGGER.info(
         f"optimizer: {choice}(lr={lr}{', fused=True' * bool(fused)}) with parameter groups "
         f"{len(groups['norm'])} norm weights (no decay), "
@@ -124,6 +125,25 @@ def _keep_implementation(optimizer: torch.optim.Optimizer) -> None:
         for key in ("fused", "foreach"):
             if key in optimizer.defaults:
                 group[key] = optimizer.defaults[key]
+    _zero_momentum_buffers(optimizer)
+
+
+def _zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fused SGD a zero momentum buffer for every parameter that has none yet.
+
+    torch's fused SGD makes its buffers with ``empty_like`` at its first step and fills them in the
+    kernel, which a ``found_inf`` step skips whole: when the first step is skipped (a GradScaler's
+    first scales overflow fp16 gradients; a non-finite first step under the guard) the buffers stay
+    uninitialised memory, and the next step adds it to the weights. On an H100, ``train.py --device 0``
+    ended so with NaN weights after its second step. A zero buffer gives the first real step exactly
+    what the first-step path computes, ``momentum * 0 + grad = grad`` (dampening 0, as YOLOv5's).
+    """
+    for group in optimizer.param_groups:
+        if isinstance(optimizer, torch.optim.SGD) and group.get("fused") and group.get("momentum", 0) != 0:
+            for p in group["params"]:
+                state = optimizer.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 @dataclass

@@ -176,3 +176,47 @@ def test_fused_is_automatic_on_cuda_only_and_can_be_asked_for():
         assert all(g["fused"] is True for g in smart_optimizer(net, name, fused=True).param_groups)
     if torch.cuda.is_available():
         assert all(g["fused"] is True for g in smart_optimizer(Net().cuda(), "SGD").param_groups)
+
+
+def skipped_step(optimizer: torch.optim.Optimizer) -> None:
+    """One step as GradScaler hands a fused optimizer an overflow: ``found_inf`` set, nothing applied."""
+    optimizer.grad_scale, optimizer.found_inf = None, torch.ones(())
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+
+
+def test_a_fused_sgd_whose_first_step_is_skipped_then_steps_as_the_plain_one():
+    """torch's fused SGD allocates its momentum with empty_like at the first step and the kernel fills it, unless
+    that step is skipped: on an H100, fp16's first overflow left uninitialised buffers and NaN weights a step later.
+    Here the buffers exist (zeros) from the start, and a skipped first step leaves the run as if it had not been."""
+    torch.manual_seed(0)
+    fused_net, plain_net = (nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.Conv2d(8, 4, 1))
+                            for _ in range(2))  # fmt: skip
+    plain_net.load_state_dict(fused_net.state_dict())
+    fused = smart_optimizer(fused_net, "SGD", lr=0.1, decay=5e-4, fused=True)
+    plain = smart_optimizer(plain_net, "SGD", lr=0.1, decay=5e-4, fused=False)
+    buffers = [fused.state[p]["momentum_buffer"] for g in fused.param_groups for p in g["params"]]
+    assert len(buffers) == sum(len(g["params"]) for g in fused.param_groups)
+    assert all(torch.equal(b, torch.zeros_like(b)) for b in buffers)
+    for p in fused_net.parameters():  # what an overflowing fp16 backward leaves
+        p.grad = torch.full_like(p, float("inf"))
+    skipped_step(fused)
+    for _ in range(3):  # then finite steps on both
+        x = torch.randn(2, 3, 6, 6)
+        for net, optimizer in ((fused_net, fused), (plain_net, plain)):
+            optimizer.zero_grad()
+            net(x).sum().backward()
+            optimizer.step()
+    for (name, a), b in zip(fused_net.named_parameters(), plain_net.parameters()):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_a_fused_sgd_keeps_zero_buffers_after_loading_a_state_without_them():
+    net = Net()
+    fused = smart_optimizer(net, "SGD", fused=True)
+    empty = smart_optimizer(Net(), "SGD", fused=False).state_dict()  # saved before any step: no buffers
+    fused.load_state_dict(empty)
+    assert all(fused.state[p]["momentum_buffer"] is not None for p in net.parameters() if p.requires_grad)
