@@ -33,15 +33,22 @@ What it cannot see (tests/test_hostwait.py shows each; the GPU test under
 - a copy between two devices that both are the CPU here (``dst.copy_(src)``, ``torch.empty(...).copy_``):
   on a GPU host it may cross PCIe and wait; on the CPU it looks like any copy;
 - waits inside C++ outside the dispatcher (e.g. a CUDA caching allocator's ``empty_cache``).
+
+On a GPU host, :func:`cuda_sync_errors` runs code with torch's sync debug mode at "error" everywhere but
+in torch's autograd engine, where :class:`CudaSyncOps` checks each aten op of the backward pass instead:
+on an H100 (torch 2.11, CUDA 13) the engine itself made a synchronising call in every ``backward()`` of
+the loss, with none of the backward's aten ops synchronising (this per-op check, run there), so the
+whole-call mode would only ever report torch's own call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -213,3 +220,54 @@ class HostWaitCounter(TorchDispatchMode):
         self.waits.clear()
         self.ops = 0
         self.by_op.clear()
+
+
+class CudaSyncOps(TorchDispatchMode):
+    """On a GPU host: each aten op runs with torch's sync debug mode at "error"; those that synchronise are kept.
+
+    ``ops`` maps each synchronising op to the source line that called it; the op is then run again with
+    the mode off, so the code goes on and every such op of a pass is found, not only the first.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: dict[str, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as exc:
+            if "synchronizing" not in str(exc):
+                raise
+            self.ops.setdefault(str(func), _caller_frames()[0])
+            torch.cuda.set_sync_debug_mode(0)
+            return func(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+
+
+@contextlib.contextmanager
+def cuda_sync_errors() -> Iterator[CudaSyncOps]:
+    """Any synchronising CUDA call raises, but in ``Tensor.backward``, whose aten ops the yielded
+    :class:`CudaSyncOps` checks one by one (torch's autograd engine makes a synchronising call of its own)."""
+    found, original = CudaSyncOps(), torch.Tensor.backward
+
+    def backward(tensor: torch.Tensor, *args, **kwargs):
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            with found:
+                return original(tensor, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+
+    torch.Tensor.backward = backward
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield found
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        torch.Tensor.backward = original

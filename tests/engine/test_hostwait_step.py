@@ -19,6 +19,7 @@ import torch
 from ddp_utils.data import DevicePrefetcher
 from ddp_utils.engine import StepControl, train_one_epoch
 
+from ..hostwait import cuda_sync_errors
 from ..multiproc import describe, launch, records
 from ..workers.step_scenarios import AMP, count_epoch, gpu_form_batches, gpu_form_step
 
@@ -63,7 +64,8 @@ def test_gpu_form_epoch_under_ddp_takes_no_sync_between_steps_and_never_waits():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: on the CPU the counter above stands in")
 @pytest.mark.timeout(300)
 def test_cuda_epoch_runs_whole_under_sync_debug_mode_error():
-    """A whole train_one_epoch in train.py's GPU form, where any implicit CPU-GPU sync raises.
+    """A whole train_one_epoch in train.py's GPU form, where any implicit CPU-GPU sync raises (in backward(),
+    every aten op is checked instead: torch's autograd engine makes a synchronising call of its own).
 
     One epoch first (the loss's constants are copied to the device at its first step, cuDNN picks
     its algorithms), then a whole epoch in "error" mode with the display off (its reads are the
@@ -76,11 +78,9 @@ def test_cuda_epoch_runs_whole_under_sync_debug_mode_error():
     with StepControl() as control:
         train_one_epoch(step, batches, 0, device, control=control)
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with cuda_sync_errors() as backward_syncs:  # the backward's aten ops checked one by one (tests/hostwait.py)
             stats = train_one_epoch(step, batches, 1, device, control=control)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    assert backward_syncs.ops == {}
     assert stats.batch == STEPS and not stats.stopped
     assert bool(torch.isfinite(stats.loss).all())
     assert step.optimizer_steps >= 2 * len(OPTIMIZER_STEPS)

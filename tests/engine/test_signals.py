@@ -40,10 +40,22 @@ def test_two_ctrl_cs_during_one_long_step_still_interrupt():
     one handler call; the handler counts the deliveries on its wakeup fd and the second one interrupts."""
     import torch
 
-    a = torch.randn(3000, 3000)
-    started = time.monotonic()
-    a @ a  # noqa: B018 (the long step: a Python handler can only run once it returns)
-    assert time.monotonic() - started > 0.4, "the step is too short for two signals 0.1 s apart: make it longer"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 16-core host multiplies 3000 x 3000 in 0.4 s: one thread, grown until long enough
+    try:
+        for n in (3000, 4500, 6000, 8000):
+            a = torch.randn(n, n)
+            started = time.monotonic()
+            a @ a  # noqa: B018 (the long step: a Python handler can only run once it returns)
+            if time.monotonic() - started > 0.6:
+                break
+        assert time.monotonic() - started > 0.4, "the step is too short for two signals 0.1 s apart: make it longer"
+        _interrupted_twice_inside(a)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _interrupted_twice_inside(a) -> None:
     script = f"sleep 0.1; kill -INT {os.getpid()}; sleep 0.1; kill -INT {os.getpid()}"
     with PreemptionHandler(signals=(signal.SIGTERM, signal.SIGINT)) as preempt:
         sender = subprocess.Popen(["sh", "-c", script])

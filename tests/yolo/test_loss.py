@@ -11,7 +11,7 @@ from ddp_utils.data import load_hyp
 from ddp_utils.yolo import ComputeLoss, FocalLoss, Model, load_model_yaml, scale_loss_gains
 from ddp_utils.yolo.loss import ciou_loss
 
-from ..hostwait import HostWaitCounter
+from ..hostwait import HostWaitCounter, cuda_sync_errors
 
 HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0}
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
@@ -285,12 +285,10 @@ def test_cuda_loss_never_waits_for_the_device_and_matches_the_reference():
     preds = [torch.randn(2, 3, n, n, 9, generator=gen).cuda().requires_grad_() for n in (8, 4, 2)]
     compute_loss = ComputeLoss(model, HYP)
     compute_loss(preds, targets)  # the first call copies its few constants to the device
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with cuda_sync_errors() as backward_syncs:  # any sync raises; the backward's aten ops are checked one by one
         loss, items = compute_loss(preds, targets)
         loss.backward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    assert backward_syncs.ops == {}
     ref_loss, ref_items = ReferenceLoss(model, HYP)(preds, targets)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)
