@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import optuna
 import yaml
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from ..yolo.metrics import fitness
 
@@ -72,7 +72,8 @@ def trial_results(study: optuna.Study, base: Mapping[str, float]) -> list[TrialR
             continue
         hyp = {**base, **t.params}
         pruned = t.state == TrialState.PRUNED
-        results.append(TrialResult(t.number, tuple(map(float, metrics)), hyp, int(t.user_attrs.get("epochs", 0)), pruned))
+        epochs = int(t.user_attrs.get("epochs", 0))
+        results.append(TrialResult(t.number, tuple(map(float, metrics)), hyp, epochs, pruned))
     return results
 
 
@@ -213,8 +214,9 @@ def trial_line(result: TrialResult | None, number: int, state: str, finished: in
 
     Examples:
         >>> r = TrialResult(3, (0.5, 0.4, 0.3, 0.2, 0.05, 0.04, 0.03), {}, 2, True)
-        >>> trial_line(r, 3, "pruned", 4, 8, r)
-        'evolve: trial 3 pruned after epoch 2 (4/8 finished): fitness 0.21, mAP@0.5 0.3, mAP@0.5:0.95 0.2; best: trial 3, 0.21'
+        >>> print(*trial_line(r, 3, "pruned", 4, 8, r).split("; "), sep="\\n")
+        evolve: trial 3 pruned after epoch 2 (4/8 finished): fitness 0.21, mAP@0.5 0.3, mAP@0.5:0.95 0.2
+        best: trial 3, 0.21
     """
     what = f"pruned after epoch {result.epochs}" if result is not None and result.pruned else state
     head = f"evolve: trial {number} {what} ({finished}/{total} finished)"
@@ -237,12 +239,6 @@ def trial_metrics(run_dir: Path) -> tuple[tuple[float, ...], int] | None:
     if not rows:
         return None
     return tuple(float(rows[-1][k]) for k in METRIC_COLUMNS), len({int(float(r["epoch"])) for r in rows})
-
-
-def frozen_metrics(trial: FrozenTrial) -> tuple[float, ...] | None:
-    """The metrics a finished trial recorded, or None."""
-    metrics = trial.user_attrs.get("metrics")
-    return tuple(map(float, metrics)) if metrics else None
 
 
 __all__ = [

@@ -76,7 +76,8 @@ def search_space(hyp: Mapping[str, Any], names: Iterable[str] | None = None) -> 
     Args:
         hyp: the run's hyperparameters (the ``--hyp`` yaml).
         names: ``--evolve-hyps``: names of YOLOv5's table (``lr0``; one it keeps fixed gets gain 1) or
-            ``name=low:high`` for a range of one's own (gain 1); None: every entry of :data:`YOLOV5_SPACE` that ``hyp`` has and YOLOv5 moves (gain > 0).
+            ``name=low:high`` for a range of one's own (gain 1); None: every entry of :data:`YOLOV5_SPACE` that
+            ``hyp`` has and YOLOv5 moves (gain > 0).
 
     Raises:
         SearchSpaceError: a name ``hyp`` lacks, a name without a range (not YOLOv5's and none given), or a range

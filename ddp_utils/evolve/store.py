@@ -73,9 +73,11 @@ def check_storage_url(url: str) -> None:
 
     Examples:
         >>> check_storage_url("postgresql://u@127.0.0.1:5432/db")
-        >>> check_storage_url("runs/study.db")
-        Traceback (most recent call last):
-        ddp_utils.evolve.store.StoreError: --evolve-storage runs/study.db: not a database URL; give sqlite:///PATH/study.db or postgresql://USER@HOST:PORT/DATABASE
+        >>> try:
+        ...     check_storage_url("runs/study.db")
+        ... except StoreError as exc:
+        ...     print(str(exc)[:80])
+        --evolve-storage runs/study.db: not a database URL; give sqlite:///PATH/study.db
     """
     scheme = url.split("://", 1)[0].split("+", 1)[0] if "://" in url else ""
     if scheme not in SCHEMES:
@@ -185,9 +187,12 @@ def check_identity(name: str, recorded: Mapping[str, Any], wanted: Mapping[str, 
         StoreError: one line naming what differs and what to do.
 
     Examples:
-        >>> check_identity("exp", {"data": {"train": "a"}, "generations": 4}, {"data": {"train": "b"}, "generations": 4})
-        Traceback (most recent call last):
-        ddp_utils.evolve.store.StoreError: study 'exp' was made with another dataset ({'train': 'a'}, now {'train': 'b'}): give another --name for a new study, or the study's own settings to continue it
+        >>> recorded, now = {"data": {"train": "a"}, "generations": 4}, {"data": {"train": "b"}, "generations": 4}
+        >>> try:
+        ...     check_identity("exp", recorded, now)
+        ... except StoreError as exc:
+        ...     print(str(exc)[:99])
+        study 'exp' was made with another dataset ({'train': 'a'}, now {'train': 'b'}): give another --name
     """
     wanted = json.loads(json.dumps(dict(wanted)))
     what = {"data": "another dataset", "space": "another search space (--evolve-hyps)", "generations": "another N "
