@@ -22,7 +22,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 import ddp_utils as du
-from ddp_utils import engine, evolve, yolo
+from ddp_utils import engine, yolo
 from ddp_utils.data import DevicePrefetcher, class_frequency, epoch_image_weights
 from ddp_utils.engine import options
 from ddp_utils.engine.checkpoint import load_pretrained
@@ -77,7 +77,9 @@ def main(opt: argparse.Namespace) -> None:
     finished = False
     try:
         if opt.evolve:  # YOLOv5's --evolve: trials from a study store, each one train_run (ddp_utils/evolve)
-            evolve.evolve(opt, info, device, train_run)
+            from ddp_utils.evolve import evolve  # Optuna's, installed with ddp_utils[evolve]
+
+            evolve(opt, info, device, train_run)
         else:
             train_run(opt, info, device)
         finished = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import signal
 from collections.abc import Iterator
@@ -147,6 +148,8 @@ def validate_options(opt: argparse.Namespace, world_size: int) -> None:
     evolve = getattr(opt, "evolve", None)
     if evolve is not None and evolve < 1:
         raise OptionError("--evolve", f"--evolve {evolve}: give the number of trials, at least 1 (bare: 300)")
+    if evolve is not None and importlib.util.find_spec("optuna") is None:
+        raise OptionError("--evolve", "--evolve keeps its trials in an Optuna study: pip install 'ddp_utils[evolve]'")
 
 
 def check_options(opt: argparse.Namespace, world_size: int) -> None:
