@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import re
 import socket
 import threading
@@ -29,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
+import sqlalchemy.event
+import sqlalchemy.exc
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
@@ -104,19 +108,55 @@ def open_storage(url: str, heartbeat: float = 60.0) -> RDBStorage:
         connect = {"connect_timeout": 10}
     interval = max(int(round(heartbeat)), 1)
     try:
-        return RDBStorage(
-            url,
-            engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
-            heartbeat_interval=interval,
-            grace_period=2 * interval,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(MAX_RETRIES, True),
-        )
+        for attempt in range(5):
+            try:
+                with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    storage = RDBStorage(
+                        url,
+                        engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
+                        heartbeat_interval=interval,
+                        grace_period=2 * interval,
+                        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(MAX_RETRIES, True),
+                    )
+                    if scheme.startswith("sqlite"):
+                        serialize_sqlite(storage.engine)
+                    return storage
+            except (
+                sqlalchemy.exc.IntegrityError,
+                sqlalchemy.exc.ProgrammingError,
+                sqlalchemy.exc.OperationalError,
+            ) as exc:
+                # workers starting together on a new database race to create its tables: the loser finds them made
+                racing = not isinstance(exc, sqlalchemy.exc.OperationalError) or "already exists" in str(exc)
+                if attempt == 4 or not racing:
+                    raise
+                time.sleep(0.2 + random.random())
     except Exception as exc:  # SQLAlchemy's, the driver's: what the server said is the useful part
         reason = " ".join(str(exc).split("\n")[0].split())[:300] or type(exc).__name__
         raise StoreError(
             f"--evolve-storage {shown_url(url)}: cannot open the study store ({type(exc).__name__}: {reason}); "
             "check the URL, that the server runs and that its driver is installed (pip install 'ddp_utils[evolve]')"
         ) from None
+
+
+def serialize_sqlite(engine: sqlalchemy.engine.Engine) -> None:
+    """Make every SQLite transaction take the write lock when it begins (``BEGIN IMMEDIATE``).
+
+    SQLite ignores ``SELECT ... FOR UPDATE``: two workers could both read a trial as waiting, then both mark it
+    running, one after the other, and both train it. Taking the lock at the start makes the read and the update
+    one step (SQLAlchemy's recipe for serializable SQLite); the connections made so far are dropped.
+    """
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None  # the driver's own BEGIN would come first
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()
 
 
 def open_study(
@@ -217,18 +257,21 @@ def trial_id(trial: FrozenTrial | optuna.Trial) -> int:
     return trial._trial_id
 
 
-def claim(study: optuna.Study, storage: RDBStorage, launch: str) -> optuna.Trial | None:
+def claim(study: optuna.Study, storage: RDBStorage, launch: str, restarted: bool = False) -> optuna.Trial | None:
     """The next trial for this worker, marked running in the store; None when no trial is left to start.
 
-    First fails lost workers' trials (a stale heartbeat; each gets one retry, waiting), then takes back a trial
-    this launch was running (an elastic restart of the same job), then takes the waiting trial with the lowest
-    number: a stopped one before new ones. Rank 0 only.
+    First fails lost workers' trials (a stale heartbeat; each gets one retry, waiting), then, on a restart of the
+    same job (``restarted``: torchrun's elastic restart, a SLURM requeue), takes back the trial this launch was
+    running, then takes the waiting trial with the lowest number: a stopped one before new ones. Rank 0 only.
+
+    Args:
+        launch: this job's launch key (:func:`~ddp_utils.distributed.launch_key`), recorded on the trial.
     """
     with warnings.catch_warnings():  # "experimental" since Optuna 2.9, and what its own optimize loop calls
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if launch and frozen.user_attrs.get("launch") == launch:
+        if restarted and frozen.user_attrs.get("launch") == launch:
             storage.record_heartbeat(trial_id(frozen))
             LOGGER.info(f"evolve: trial {frozen.number} was this job's before its restart: continuing it")
             return optuna.Trial(study, trial_id(frozen))
@@ -250,14 +293,17 @@ def pause(storage: RDBStorage, trial: optuna.Trial) -> None:
 def results_count(study: optuna.Study) -> tuple[int, int]:
     """(trials finished: complete, pruned or failed, not counting a failure that was retried; the study's N).
 
-    Examples:
-        >>> import optuna
-        >>> optuna.logging.set_verbosity(optuna.logging.WARNING)
-        >>> study = optuna.create_study()
-        >>> study.set_user_attr(IDENTITY, {"generations": 3})
-        >>> study.add_trial(optuna.create_trial(value=1.0))
-        >>> results_count(study)
-        (1, 3)
+            Examples:
+                >>> import optuna
+        import sqlalchemy
+    import sqlalchemy.event
+    import sqlalchemy.exc
+                >>> optuna.logging.set_verbosity(optuna.logging.WARNING)
+                >>> study = optuna.create_study()
+                >>> study.set_user_attr(IDENTITY, {"generations": 3})
+                >>> study.add_trial(optuna.create_trial(value=1.0))
+                >>> results_count(study)
+                (1, 3)
     """
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}

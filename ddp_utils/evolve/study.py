@@ -77,12 +77,11 @@ class Evolution:
 
     def claim(self, restarted: bool) -> tuple[optuna.Trial, TrialPlan] | None:
         """The next trial and its plan, or None when none is left to start."""
-        trial = claim(self.study, self.storage, self.launch if restarted else "")
+        trial = claim(self.study, self.storage, self.launch, restarted)
         if trial is None:
             return None
         s = self.settings
         plan = plan_trial(trial, s.hyp, s.space, s.evolve_dir)
-        trial.set_user_attr("launch", self.launch)
         LOGGER.info(f"evolve: trial {trial.number} of {s.generations} starts: "
                     + ", ".join(f"{k}={plan.hyp[k]:.5g}" for k in s.space))  # fmt: skip
         return trial, plan
