@@ -17,6 +17,7 @@ from ddp_utils.evolve.store import (
     check_storage_url,
     claim,
     open_storage,
+    open_study,
     pause,
     results_count,
     trial_id,
@@ -109,13 +110,11 @@ def test_a_lost_workers_trial_is_failed_once_and_retried_with_its_values_never_a
 def test_a_study_made_for_another_evolution_is_refused_in_one_line(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
     study_for(url, "exp", 3)
-    with pytest.raises(StoreError, match=r"^study 'exp' in sqlite:///.* was made with another N \(--evolve\) \(3, now 4\)"):
+    with pytest.raises(StoreError, match=r"^study 'exp' in sqlite:///.* made with another N \(--evolve\) \(3, now 4\)"):
         study_for(url, "exp", 4)
     storage = open_storage(url)
     other = identity(3) | {"data": {"yaml": "coco.yaml"}}
     with pytest.raises(StoreError, match=r"was made with another dataset \({'yaml': 'tiny.yaml'}, now {'yaml': 'coco"):
-        from ddp_utils.evolve.store import open_study
-
         open_study(storage, "exp", other, {"lr0": 0.01}, optuna.samplers.RandomSampler(), optuna.pruners.NopPruner())
 
 
