@@ -1,0 +1,63 @@
+"""One trial: its pruning (against the finished trials, never at the last epoch, on rank 0 only) and its options."""
+
+from __future__ import annotations
+
+import argparse
+
+import optuna
+import pytest
+
+from ddp_utils.evolve.trial import TrialPlan, TrialStopper
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def study_with_good_trials(pruner: optuna.pruners.BasePruner) -> optuna.Study:
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    for value in (0.5, 0.6):
+        study.add_trial(
+            optuna.create_trial(value=value, intermediate_values={1: value - 0.2, 2: value - 0.1, 3: value})
+        )
+    return study
+
+
+@pytest.mark.parametrize(
+    "pruner",
+    [
+        optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, n_min_trials=2),
+        optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
+    ],  # fmt: skip
+)
+def test_a_hopeless_trial_is_pruned_after_its_first_epoch(pruner):
+    study = study_with_good_trials(pruner)
+    trial = study.ask()
+    stopper = TrialStopper(patience=100, epochs=3, trial=trial)
+    assert stopper(0, 0.01) is True and stopper.pruned_at == 1
+    assert study.trials[-1].intermediate_values == {1: 0.01}
+
+
+def test_a_good_trial_goes_on_and_the_last_epoch_is_never_pruned():
+    study = study_with_good_trials(optuna.pruners.MedianPruner(n_startup_trials=2, n_min_trials=2))
+    stopper = TrialStopper(patience=100, epochs=3, trial=study.ask())
+    assert [stopper(e, f) for e, f in enumerate([0.45, 0.52])] == [False, False]
+    assert stopper(2, 0.0) is False and stopper.pruned_at is None  # the end: complete, whatever it scored
+
+
+def test_patience_still_stops_and_other_ranks_or_off_never_prune():
+    study = study_with_good_trials(optuna.pruners.MedianPruner(n_startup_trials=2, n_min_trials=2))
+    assert TrialStopper(patience=100, epochs=3, trial=None)(0, 0.0) is False  # ranks other than 0
+    off = TrialStopper(patience=100, epochs=3, trial=study.ask(), prune=False)
+    assert off(0, 0.0) is False and study.trials[-1].intermediate_values == {1: 0.0}  # reported, not pruned
+    patient = TrialStopper(patience=1, epochs=5)
+    assert [patient(e, f) for e, f in enumerate([0.3, 0.2, 0.1])] == [False, True, True]
+
+
+def test_a_trial_is_one_run_of_its_values_in_its_own_directory():
+    opt = argparse.Namespace(evolve=4, hyp=None, project="runs/evolve", name="exp", exist_ok=False, resume=False,
+                             noplots=False, noval=False, epochs=3)  # fmt: skip
+    plan = TrialPlan(2, {"lr0": 0.02}, "runs/evolve/exp/trials/2", "runs/evolve/exp/trials/2/weights/last.pt")
+    run = plan.options(opt, prune=True)
+    assert (run.evolve, run.hyp, run.project, run.name, run.exist_ok) == (None, {"lr0": 0.02}, "runs/evolve/exp/trials",
+                                                                           "2", True)  # fmt: skip
+    assert run.resume == plan.resume and run.noplots and not run.noval and run.epochs == 3
+    assert plan.options(opt, prune=False).noval  # YOLOv5's: only the last epoch validated
