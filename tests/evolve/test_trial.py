@@ -13,11 +13,13 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def study_with_good_trials(pruner: optuna.pruners.BasePruner) -> optuna.Study:
+    """Two trials run to their end through the stopper (the pruner records its rungs on the way)."""
     study = optuna.create_study(direction="maximize", pruner=pruner)
     for value in (0.5, 0.6):
-        study.add_trial(
-            optuna.create_trial(value=value, intermediate_values={1: value - 0.2, 2: value - 0.1, 3: value})
-        )
+        trial = study.ask()
+        stopper = TrialStopper(patience=100, epochs=3, trial=trial)
+        assert [stopper(epoch, value - 0.1 * (2 - epoch)) for epoch in range(3)] == [False] * 3
+        study.tell(trial, value)
     return study
 
 
