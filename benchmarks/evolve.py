@@ -117,8 +117,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="evolve-bench-") as tmp:
         work = Path(tmp)
         data = data_yaml(work, args.n_train, args.n_val)
-        subprocess.run([sys.executable, "-c", f"from ddp_utils.data.config import check_dataset; check_dataset('{data}')"],
-                       cwd=REPO, check=True, capture_output=True)  # fmt: skip  (the images, before any clock)
+        make = f"from ddp_utils.data.config import check_dataset; check_dataset('{data}')"  # the images, before a clock
+        subprocess.run([sys.executable, "-c", make], cwd=REPO, check=True, capture_output=True)
         budget = args.trials * args.epochs
         serial_cmd = command(args, data, work, "serial", "--evolve", str(args.trials), "--evolve-prune", "off")
         t0 = time.time()

@@ -293,17 +293,14 @@ def pause(storage: RDBStorage, trial: optuna.Trial) -> None:
 def results_count(study: optuna.Study) -> tuple[int, int]:
     """(trials finished: complete, pruned or failed, not counting a failure that was retried; the study's N).
 
-            Examples:
-                >>> import optuna
-        import sqlalchemy
-    import sqlalchemy.event
-    import sqlalchemy.exc
-                >>> optuna.logging.set_verbosity(optuna.logging.WARNING)
-                >>> study = optuna.create_study()
-                >>> study.set_user_attr(IDENTITY, {"generations": 3})
-                >>> study.add_trial(optuna.create_trial(value=1.0))
-                >>> results_count(study)
-                (1, 3)
+    Examples:
+        >>> import optuna
+        >>> optuna.logging.set_verbosity(optuna.logging.WARNING)
+        >>> study = optuna.create_study()
+        >>> study.set_user_attr(IDENTITY, {"generations": 3})
+        >>> study.add_trial(optuna.create_trial(value=1.0))
+        >>> results_count(study)
+        (1, 3)
     """
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}

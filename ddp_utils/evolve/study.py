@@ -19,8 +19,10 @@ The worker's evolve directory then holds ``evolve.csv``, ``hyp_evolve.yaml`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,16 +98,18 @@ class Evolution:
         trial.set_user_attr("metrics", list(metrics))
         trial.set_user_attr("epochs", epochs)
         result = TrialResult(trial.number, metrics, plan.hyp, epochs, stopper.pruned_at is not None)
-        if result.pruned:
-            self.study.tell(trial, state=TrialState.PRUNED)
-        else:
-            self.study.tell(trial, result.fitness)
+        with quiet_tell():
+            if result.pruned:
+                self.study.tell(trial, state=TrialState.PRUNED)
+            else:
+                self.study.tell(trial, result.fitness)
         self.write(result, "complete")
 
     def fail(self, trial: optuna.Trial, reason: str) -> None:
         """Record a trial that failed, with its reason (never a result)."""
         trial.set_user_attr("fail_reason", reason[:2000])
-        self.study.tell(trial, state=TrialState.FAIL)
+        with quiet_tell():
+            self.study.tell(trial, state=TrialState.FAIL)
         LOGGER.warning(f"evolve: trial {trial.number} failed: {reason}")
         self.write(None, "failed", trial.number)
 
@@ -139,6 +143,14 @@ class Evolution:
             line += (f"; best: trial {best.number}, fitness {best.fitness:.4g}; results in {s.evolve_dir}; train with "
                      f"them: python train.py --hyp {s.evolve_dir / 'hyp_evolve.yaml'}")  # fmt: skip
         return line
+
+
+@contextlib.contextmanager
+def quiet_tell() -> Iterator[None]:
+    """Optuna warns that heartbeats belong to its own ``optimize`` loop; :mod:`.store` beats them for this one."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        yield
 
 
 def open_evolution(opt: argparse.Namespace, info: DistInfo) -> tuple[EvolveSettings, Evolution | None]:

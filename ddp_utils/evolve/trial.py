@@ -67,8 +67,9 @@ class TrialStopper(EarlyStopping):
     """A trial's early stopping: ``--patience`` as in any run, and the study's pruner on the rank that holds the trial.
 
     train.py calls it after every validation on every rank and stops when any rank says stop, so rank 0's pruner
-    decides for all. Each epoch's fitness is reported to the study at step ``epoch + 1`` (epochs trained); the last
-    epoch is never pruned (the trial is complete then).
+    decides for all. With pruning, each epoch's fitness is reported to the study at step ``epoch + 1`` (epochs
+    trained); the last epoch is never pruned (the trial is complete then). Without (``--evolve-prune off``, YOLOv5's
+    way), only the last epoch is validated, and nothing is reported.
 
     Args:
         patience: ``--patience``.
@@ -95,12 +96,12 @@ class TrialStopper(EarlyStopping):
 
     def __call__(self, epoch: int, fitness: Any) -> bool:
         stop = super().__call__(epoch, fitness)
-        if self.trial is None or fitness is None:
+        if self.trial is None or fitness is None or not self.prune:  # without pruning, epochs but the last repeat it
             return stop
         value = float(fitness)
         self.trial.report(value, step=epoch + 1)
         self.trial.set_user_attr("epochs_reported", epoch + 1)
-        if self.prune and epoch + 1 < self.epochs and self.trial.should_prune():
+        if epoch + 1 < self.epochs and self.trial.should_prune():
             self.pruned_at = epoch + 1
             LOGGER.info(f"evolve: trial {self.trial.number} pruned after epoch {epoch + 1}: fitness {value:.4g} is "
                         "hopeless against the finished trials")  # fmt: skip

@@ -49,7 +49,7 @@ def test_patience_still_stops_and_other_ranks_or_off_never_prune():
     study = study_with_good_trials(optuna.pruners.MedianPruner(n_startup_trials=2, n_min_trials=2))
     assert TrialStopper(patience=100, epochs=3, trial=None)(0, 0.0) is False  # ranks other than 0
     off = TrialStopper(patience=100, epochs=3, trial=study.ask(), prune=False)
-    assert off(0, 0.0) is False and study.trials[-1].intermediate_values == {1: 0.0}  # reported, not pruned
+    assert off(0, 0.0) is False and study.trials[-1].intermediate_values == {}  # neither pruned nor reported
     patient = TrialStopper(patience=1, epochs=5)
     assert [patient(e, f) for e, f in enumerate([0.3, 0.2, 0.1])] == [False, True, True]
 
