@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -188,7 +189,6 @@ def evolve(opt: argparse.Namespace, info: DistInfo, device: Any, train_run: Trai
     """
     with user_errors():
         settings, evolution = open_evolution(opt, info)
-    prune = settings.prune != "off"
     trial_info = dataclasses.replace(info, restart_count=0)  # a trial resumes by its plan, never by the launch
     while True:
         claimed = evolution.claim(info.restart_count > 0) if evolution is not None else None
@@ -196,32 +196,9 @@ def evolve(opt: argparse.Namespace, info: DistInfo, device: Any, train_run: Trai
         if plan is None:
             break
         trial = claimed[0] if claimed else None
-        stopper = TrialStopper(opt.patience, settings.epochs, trial, prune)
-        try:
-            with heartbeat(evolution.storage if evolution else None, trial, settings.heartbeat):
-                stopped = train_run(plan.options(opt, prune), trial_info, device, stopper)
-        except TrainingDiverged as exc:  # every rank alike, after last.pt was saved
-            if evolution is not None:
-                evolution.fail(trial, f"diverged: {exc}")
-            continue
-        except Exception as exc:
-            if evolution is not None:
-                evolution.fail(trial, f"{type(exc).__name__}: {exc}")
-            if info.distributed:
-                raise
-            LOGGER.warning(f"evolve: trial {plan.number}'s error, the study goes on", exc_info=True)
-            continue
-        except KeyboardInterrupt:
-            if evolution is not None:
-                evolution.pause(trial)
-            raise
-        except SystemExit as exc:  # a mistake in the inputs, said in one line by the run: every trial would meet it
-            if evolution is not None:
-                evolution.fail(trial, f"the run exited with code {exc.code}")
-            raise
-        if stopped is not None:
-            if evolution is not None:
-                evolution.pause(trial)
+        stopper = TrialStopper(opt.patience, settings.epochs, trial, settings.prune != "off")
+        run_opt = plan.options(opt, prune=settings.prune != "off")
+        if not run_trial(evolution, trial, functools.partial(train_run, run_opt, trial_info, device, stopper), info):
             break
         if evolution is not None:
             evolution.finish(trial, plan, stopper)
@@ -229,4 +206,39 @@ def evolve(opt: argparse.Namespace, info: DistInfo, device: Any, train_run: Trai
         LOGGER.info(evolution.summary())
 
 
-__all__ = ["Evolution", "TrainRun", "evolve", "open_evolution"]
+def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any], info: DistInfo) -> bool:
+    """Train one trial; False when this worker stops (a signal: the trial goes back to the queue).
+
+    Divergence fails the trial and the study goes on; so does any other error in a single process (under torchrun
+    it ends the worker, whose ranks may no longer agree). Only ``evolution`` (rank 0) writes to the store.
+    """
+    try:
+        with heartbeat(
+            evolution.storage if evolution else None, trial, evolution.settings.heartbeat if evolution else 0
+        ):
+            stopped = train()
+    except TrainingDiverged as exc:  # every rank alike, after last.pt was saved
+        if evolution is not None:
+            evolution.fail(trial, f"diverged: {exc}")
+        return True
+    except Exception as exc:
+        if evolution is not None:
+            evolution.fail(trial, f"{type(exc).__name__}: {exc}")
+        if info.distributed:
+            raise
+        LOGGER.warning("evolve: the trial's error; the study goes on", exc_info=True)
+        return True
+    except KeyboardInterrupt:  # a second Ctrl-C: the trial waits for the next start
+        if evolution is not None:
+            evolution.pause(trial)
+        raise
+    except SystemExit as exc:  # a mistake in the inputs, said in one line by the run: every trial would meet it
+        if evolution is not None:
+            evolution.fail(trial, f"the run exited with code {exc.code}")
+        raise
+    if stopped is not None and evolution is not None:
+        evolution.pause(trial)
+    return stopped is None
+
+
+__all__ = ["Evolution", "TrainRun", "evolve", "open_evolution", "run_trial"]
