@@ -1,8 +1,11 @@
 """YOLOv5's serial evolution against ours (pruning, workers in parallel), on the synthetic shapes data.
 
-    python benchmarks/evolve.py --trials 6 --epochs 4 --workers 2 --out benchmarks/results/evolve.json
+    python benchmarks/evolve.py --trials 6 --epochs 3 --workers 2 --out benchmarks/results/evolve.json
 
-Two evolutions of train.py on the same data, the same starting hyperparameters, the same seed:
+A base model is trained first (``--pretrain-epochs``, not timed), and both evolutions fine-tune from it, as YOLOv5's
+guide evolves from pretrained weights: from scratch, a few epochs of a CPU-sized run score near zero, and fitness
+would be noise. Then two evolutions of train.py on the same data, the same starting hyperparameters and weights, the
+same seed:
 
 - **serial** (YOLOv5's scheme): one worker, ``--evolve T --evolve-prune off``: every trial trains to its last epoch,
   validated only then, one trial after the other: a budget of T x E trial-epochs.
@@ -103,14 +106,15 @@ def summarise(events: list[tuple[float, int, float, bool]], budget: int, target:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=6, help="the serial run's trials (T)")
-    parser.add_argument("--epochs", type=int, default=4, help="epochs a trial (E)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs a trial (E)")
     parser.add_argument("--workers", type=int, default=2, help="our workers, started together")
     parser.add_argument("--prune", default="halving", choices=["median", "halving"])
-    parser.add_argument("--imgsz", type=int, default=128)
+    parser.add_argument("--imgsz", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--n-train", type=int, default=128)
     parser.add_argument("--n-val", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pretrain-epochs", type=int, default=12, help="the base model's epochs (0: from scratch)")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
@@ -120,12 +124,21 @@ def main() -> None:
         make = f"from ddp_utils.data.config import check_dataset; check_dataset('{data}')"  # the images, before a clock
         subprocess.run([sys.executable, "-c", make], cwd=REPO, check=True, capture_output=True)
         budget = args.trials * args.epochs
-        serial_cmd = command(args, data, work, "serial", "--evolve", str(args.trials), "--evolve-prune", "off")
+        weights: tuple[str, ...] = ()
+        if args.pretrain_epochs:
+            base = command(args, data, work, "base")
+            base[base.index("--epochs") + 1] = str(args.pretrain_epochs)
+            run_workers([base], cores, work / "base")
+            weights = ("--weights", str(work / "base" / "weights" / "best.pt"))
+        serial_cmd = command(
+            args, data, work, "serial", "--evolve", str(args.trials), "--evolve-prune", "off", *weights
+        )
         t0 = time.time()
         serial_wall = run_workers([serial_cmd], cores, work / "serial")
         serial = summarise(timeline(work / "serial", t0), budget, None)
         serial["wall_s"] = round(serial_wall, 1)
-        ours_cmd = command(args, data, work, "ours", "--evolve", str(3 * args.trials), "--evolve-prune", args.prune)
+        ours_cmd = command(args, data, work, "ours", "--evolve", str(3 * args.trials), "--evolve-prune", args.prune,
+                           *weights)  # fmt: skip
         t0 = time.time()
         run_workers([ours_cmd] * args.workers, max(cores // args.workers, 1), work / "ours")
         ours = summarise(timeline(work / "ours", t0), budget, serial["best_fitness"])
