@@ -5,10 +5,9 @@
     torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 \\
         --rdzv_backend c10d --rdzv_endpoint HOST:29400 --rdzv_id job1 train.py --data coco.yaml
 
-The script tells the story of one run; every reusable piece comes from ddp_utils.
-Under torchrun each process trains on its shard of every batch; DDP averages the
-gradients, so all processes hold the same weights. Rank 0 logs, validates the
-gathered predictions, and writes checkpoints and results.
+The script tells the story of one run; every reusable piece comes from ddp_utils. Under torchrun each
+process trains on its shard of every batch and DDP averages the gradients, so all hold the same weights;
+each validates its shard of the held-out images; rank 0 logs and writes the checkpoints and results.
 """
 
 from __future__ import annotations
@@ -29,19 +28,15 @@ from ddp_utils.engine.checkpoint import load_pretrained
 from ddp_utils.engine.optim_setup import optimizer_from_hyp
 from ddp_utils.engine.resume import find_resume, start_state
 from ddp_utils.engine.run import Run, Training, make_run_dir, record_run, start_run
+from ddp_utils.engine.run_records import open_records
 from ddp_utils.engine.run_report import epoch_line, epoch_notes, finish_run, first_batches_plotter
-from ddp_utils.engine.run_saves import RunSaves
-from ddp_utils.engine.trackers import Trackers
 from ddp_utils.progress import set_progress_mode
 from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 
 def parse_opt(argv: list[str] | bool | None = None, known: bool = False) -> argparse.Namespace:
-    """The options from ``argv`` (default: the command line).
-
-    ``known=True``, as YOLOv5's ``parse_opt(known=True)``: the options that train.py knows, the rest
-    ignored (``parse_opt(True)``, YOLOv5's positional form, means the same).
-    """
+    """The options from ``argv`` (default: the command line); ``known=True`` (or YOLOv5's ``parse_opt(True)``):
+    the options train.py knows, the rest ignored."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_train_options(parser)  # YOLOv5's options, then ours: ddp_utils/engine/options.py
     if isinstance(argv, bool):  # YOLOv5's parse_opt(True)
@@ -50,13 +45,10 @@ def parse_opt(argv: list[str] | bool | None = None, known: bool = False) -> argp
 
 
 def run(**kwargs) -> argparse.Namespace:
-    """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``: the command line's known
-    options with ``kwargs`` set over them, then :func:`main`; returns the options.
+    """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``; returns the options.
 
-    Raises:
-        TypeError: a name that is not one of train.py's options (YOLOv5 would set it and ignore it).
-        ddp_utils.engine.OptionError: a value the command line refuses (``imgsz=-5``), a ``ValueError`` naming
-            the option, raised here instead of the command line's one line and exit code 2.
+    A name that is no option raises TypeError (YOLOv5 would ignore it), a value the command line refuses
+    (``imgsz=-5``) :class:`ddp_utils.engine.OptionError`, a ValueError naming the option.
     """
     opt = options.options_with(parse_opt(known=True), kwargs, du.dist_info().world_size)
     main(opt)
@@ -174,7 +166,6 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     settings = dict(amp=run.amp, world_size=info.world_size, multi_scale=multi_scale, channels_last=channels_last)
     parts = (model, optim.optimizer, scaler, ema, compute_loss, optim.accumulate, optim.warmup)
     step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)  # after every wrapper: see its guard
-    step.guard.counts[0] = state.skipped  # the run's skipped steps go on counting from a resume's
     return Training(step, optim.scheduler, train_loader, val_loader, labels, state)
 
 
@@ -187,18 +178,17 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo, stop
     then, else None; ``stopper`` (an evolve trial's pruning) takes the place of --patience's.
     """
     opt, step = run.opt, fit.step
-    logger, stopper, saves, control = open_records(run, fit, info, stopper)
+    logger, stopper, saves, control, watchdog = open_records(run, fit, info, stopper)
     stats, stop = None, False
-    with logger, control:  # an error: the trackers' runs FAILED
+    with watchdog, logger, control:  # an error: the trackers' runs FAILED; a rank that stalls: all end, named
         for epoch in range(fit.state.epoch, run.epochs):
-            skipped = control.skipped
-            stats = train_epoch(run, fit, device, info, control, saves)
+            stats = train_epoch(run, fit, device, info, control, saves, watchdog)
             if control.epoch_end(step):  # a signal in the epoch or its last step, or non-finite steps: save first
                 break
             lrs = [group["lr"] for group in step.optimizer.param_groups]
             train_loss = du.reduce_tensor(stats.loss, op="mean").cpu()
             try:
-                metrics, val_loss = validate(run, fit, device, epoch, control)
+                metrics, val_loss = validate(run, fit, device, epoch, control, watchdog)
             except yolo.ValidationInterrupted:  # a signal during validation: the trained epoch is saved, unvalidated
                 control.stop_anywhere()
                 break
@@ -207,9 +197,9 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo, stop
             best = yolo.fitness(metrics) >= fit.state.best_fitness
             maps = yolo.class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
             fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps, control.skipped)
-            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.skipped - skipped))
+            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.epoch_skipped))
             line = epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size))
-            du.LOGGER.info(line + epoch_notes(epoch, stats, control.skipped - skipped))
+            du.LOGGER.info(line + epoch_notes(epoch, stats, control.epoch_skipped))
             stats, stop = None, control.stop_anywhere() or stop  # a signal during the validation's last moments
             if not opt.nosave or fit.state.epoch == run.epochs or stop:
                 saves.save(fit, best=best)
@@ -228,13 +218,14 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo, stop
     return control.reason
 
 
-def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, saves):
+def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, saves, watchdog):
     """One epoch, or what a resumed one has left: the loader starts at the batch to continue at."""
     opt, state = run.opt, fit.state
     if opt.image_weights:  # YOLOv5's --image-weights: rare and badly detected classes drawn more often
         fit.train_loader.set_image_weights(epoch_image_weights(fit.labels, run.nc, state.last_val.get("maps")))
     fit.train_loader.set_epoch(state.epoch, start_batch=state.batch)
     batches = DevicePrefetcher(fit.train_loader, device, fit.step.channels_last)  # on CUDA: copies overlap
+    batches = watchdog.track(batches, "train")  # a batch that never comes is a stall
     plot = first_batches_plotter(run.save_dir, run.names, info.is_main and state.epoch == 0 and not opt.noplots)
     return engine.train_one_epoch(
         fit.step,
@@ -251,38 +242,17 @@ def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo
     )
 
 
-def open_records(run: Run, fit: Training, info: du.DistInfo, stopper=None) -> tuple:
-    """results.csv, early stopping, the checkpoints (rank 0 writes), the run's control, and its summary line."""
-    params = {"opt": run.options(), "hyp": run.hyp}
-    trackers = Trackers(run.opt.trackers if info.is_main else [], run.save_dir, Path(run.opt.project), params)
-    logger = engine.ResultsLogger(run.save_dir, fit.state.epoch, trackers=trackers, enabled=info.is_main)
-    if run.resume is None and info.is_main and not run.opt.noplots:
-        engine.plot_labels(fit.labels, run.names, run.save_dir)
-    stopper = stopper or engine.EarlyStopping(patience=run.opt.patience)
-    if fit.state.best_epoch >= 0:  # a resumed run counts its patience from its best epoch
-        stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
-    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, run.opt.save_period, background=True)
-    control = engine.StepControl(**options.control_settings(run.opt, info.is_main))  # signals, save clock (rank 0's)
-    du.LOGGER.info(
-        f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
-        f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
-        f"{run.epochs} epochs, logging to {run.save_dir}"
-    )
-    return logger, stopper, RunSaves(checkpoints, control, info), control
-
-
-def validate(run: Run, fit: Training, device: torch.device, epoch: int, control) -> tuple[dict, torch.Tensor]:
+def validate(run: Run, fit: Training, device: torch.device, epoch: int, control, watchdog) -> tuple:
     """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones.
-
-    Raises:
-        yolo.ValidationInterrupted: a stop signal arrived on some rank (every rank raises it).
-    """
+    A stop signal on any rank cuts it short: every rank raises yolo.ValidationInterrupted."""
     final_epoch = epoch + 1 == run.epochs
     if run.opt.noval and not final_epoch:
         return fit.state.metrics()  # results.csv reports the last validation again, as YOLOv5's does
     fit.step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
     ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, control.stop_requested  # a signal cuts it short
-    metrics, val_loss = yolo.evaluate(ema, fit.val_loader, loss, device=device, verbose=False, stop=stop)
+    shown = dict(verbose=False, progress=du.is_main_process(), watchdog=watchdog)
+    val = watchdog.track(fit.val_loader, "val")
+    metrics, val_loss = yolo.evaluate(ema, val, loss, device=device, stop=stop, **shown)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
         du.LOGGER.info(yolo.class_table(metrics, run.names, per_class=True if run.opt.verbose else None))
     return metrics, val_loss

@@ -79,8 +79,12 @@ def launch(
     args: tuple[str, ...] = (),
     nnodes: int = 1,
     env: dict[str, str] | None = None,
+    stopped: tuple[int, ...] = (),
 ) -> list[Worker]:
-    """Run ``module:function`` in ``nprocs`` processes; fail the test if any outlives ``timeout``."""
+    """Run ``module:function`` in ``nprocs`` processes; fail the test if any outlives ``timeout``.
+
+    ``stopped``: ranks that stop themselves on purpose (SIGSTOP) and so never exit; each is SIGKILLed
+    once every other rank has exited (its return code is then -9)."""
     port = free_port()
     start = time.monotonic()
     procs = [
@@ -95,7 +99,7 @@ def launch(
         )
         for rank in range(nprocs)
     ]
-    return collect(procs, start, timeout, target)
+    return collect(procs, start, timeout, target, stopped)
 
 
 def descendants(pid: int) -> list[int]:
@@ -122,12 +126,18 @@ def kill_tree(pid: int) -> None:
             os.kill(victim, signal.SIGKILL)
 
 
-def collect(procs: list[subprocess.Popen], start: float, timeout: float, what: str) -> list[Worker]:
-    """Wait for processes until a shared deadline; kill them all and fail past it."""
+def collect(
+    procs: list[subprocess.Popen], start: float, timeout: float, what: str, stopped: tuple[int, ...] = ()
+) -> list[Worker]:
+    """Wait for processes until a shared deadline; kill them all and fail past it. The ``stopped`` ranks
+    are waited for last, and SIGKILLed first: they stopped themselves and will not exit."""
     deadline = start + timeout
     results: list[Worker | None] = [None] * len(procs)
     timed_out = False
-    for rank, proc in enumerate(procs):
+    for rank in [r for r in range(len(procs)) if r not in stopped] + list(stopped):
+        proc = procs[rank]
+        if rank in stopped:
+            kill_tree(proc.pid)
         try:
             out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:

@@ -141,6 +141,39 @@ def test_torchrun_two_by_eight_with_sync_bn_equals_one_process_by_sixteen(tmp_pa
     assert a["optimizer"]["param_groups"][0]["lr"] == synced["optimizer"]["param_groups"][0]["lr"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_two_ranks_train_an_epoch_as_one_process_does_in_float64(tmp_path):
+    """train.py's first epoch (loader, warm-up, group-normalised loss, GroupBatchNorm, DDP, EMA) in float64:
+    2 gloo ranks x 8 with --sync-bn update the weights as 1 x 16 does to 1e-9 of the update, where float64
+    rounding puts them (about 1e-14 measured) and float32 rounding cannot (about 1e-6 of an update per
+    step, then amplified step after step); without --sync-bn they differ by far more, so the bound tells.
+
+    Any difference between the scales in the images, their split, the loss's normalisation, BatchNorm's
+    statistics or buffers, the LR and warm-up would show here above the bound; float32 figures cannot tell
+    such a difference from rounding (issue 29: 2 x 8 after an epoch 20 times the 2-thread figure).
+    """
+    data = tiny_data_yaml(tmp_path)
+    for nprocs, sync_bn in ((1, "1"), (2, "1"), (2, "0")):
+        args = (data, tmp_path, "16", "96", sync_bn)
+        workers = launch("tests.workers.repro_scenarios:float64_epoch", nprocs, 300, args, env=train_env())
+        assert all(w.returncode == 0 for w in workers), describe(workers)
+    one, synced, own = (
+        torch.load(tmp_path / f"float64_{name}.pt", weights_only=True) for name in ("1_1", "2_1", "2_0")
+    )
+    assert one["steps"] == synced["steps"] == 2 and one["ema_updates"] == synced["ema_updates"] == 2
+    assert one["lr"] == synced["lr"]
+    assert all(v.dtype != torch.float32 for v in one["model"].values()), "the model did not train in float64"
+    diff = relative_difference_of_changes(one["start"], one["model"], synced["model"])
+    without = relative_difference_of_changes(one["start"], one["model"], own["model"])
+    print(f"float64, relative difference of the updates: --sync-bn {diff:.2e}, without {without:.2e}")
+    assert diff < 1e-9, f"2 x 8 with --sync-bn updates the weights {diff:.2e} (relative norm) apart from 1 x 16"
+    assert without > 1e-4, f"without --sync-bn the updates differ by only {without:.2e}: the bound tells nothing"
+    # the EMA is float32 by design (ModelEMA): float32 rounding of all but equal weights
+    assert global_relative_difference(one["ema"], synced["ema"]) < 1e-6
+
+
 def test_group_normalised_loss_without_a_group_is_the_plain_loss():
     from ddp_utils.yolo import ComputeLoss, Model, load_model_yaml
 

@@ -43,8 +43,13 @@ NB = 8  # batches per epoch: 64 images, 8 per step
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
     """64 + 16 synthetic images, and hyperparameters whose warm-up ends early in epoch 1 (4 iterations)."""
-    root = tmp_path_factory.mktemp("resume")
-    make_shapes_dataset(root / "shapes", n_train=64, n_val=16, size=(128, 160), seed=0, max_objects=4)
+    return small_run_data(tmp_path_factory.mktemp("resume"), n_val=16)
+
+
+def small_run_data(root: Path, n_val: int) -> dict[str, Path]:
+    """64 training images (8 steps of 8) and ``n_val`` held out, with their data yaml; hyp.shapes.yaml with a
+    warm-up that ends early in epoch 1 (4 iterations)."""
+    make_shapes_dataset(root / "shapes", n_train=64, n_val=n_val, size=(128, 160), seed=0, max_objects=4)
     data_yaml = root / "shapes.yaml"
     data_yaml.write_text(
         f"path: {root / 'shapes'}\ntrain: images/train\nval: images/val\n"
@@ -296,9 +301,9 @@ def test_a_damaged_last_pt_is_one_line_naming_the_last_good_checkpoint_and_nothi
     save_dir = make_run(tmp_path / "runs", epochs=5, epoch_done=0)  # last.pt, best.pt, epoch0.pt: one save
     opt = yaml.safe_load((save_dir / "opt.yaml").read_text())
     model = nn.Linear(2, 1)
+    training = SimpleNamespace(model=model, ema=ModelEMA(model), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     checkpoints = Checkpointer(save_dir, opt=opt, hyp={"lr0": 0.01}, save_period=1)  # epoch 2: last.pt, epoch1.pt
-    checkpoints.save(1, model, ModelEMA(model), torch.optim.SGD(model.parameters(), lr=0.1),
-                     state=TrainState(epoch=2, batches=8, batch_size=8))  # fmt: skip
+    checkpoints.save(TrainState(epoch=2, batches=8, batch_size=8), training)
     last = save_dir / "weights" / "last.pt"
     os.truncate(last, last.stat().st_size // 2)  # cut short on the storage (epoch1.pt, the same bytes, with it)
     before = snapshot(tmp_path)

@@ -17,6 +17,11 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
   with ``async_op`` (a :class:`Pending` read later); :func:`rank_zero_only`.
 - ``zero_first.py``: :func:`torch_distributed_zero_first` and its job-wide variant, over the
   group's store with a heartbeat instead of barriers.
+- ``watchdog.py``: :class:`StallWatchdog`: a rank that stops making progress is named within
+  minutes (its verdict rules in ``stall.py``), every rank's stack printed, and the job ended with
+  :data:`STALL_EXIT_CODE` for the launcher to restart it.
+- ``store.py``: the group's store (:func:`default_store`), and :class:`BoundedStore`: a private
+  connection to it whose calls a thread waits for with a deadline.
 - ``errors.py``: :func:`exit_usage_error` (a user's mistake: one line per node, named in
   torchrun's failure report through its error file, exit code 2), :func:`record_error_for_launcher`.
 - ``parallel.py``: :func:`is_parallel`, :func:`de_parallel`.
@@ -53,7 +58,9 @@ from .group import (
     is_main_process,
 )
 from .parallel import de_parallel, is_parallel
+from .store import BoundedStore, StoreLostError, default_store
 from .sync_batchnorm import GroupBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
+from .watchdog import DEFAULT_STALL_TIMEOUT_S, STALL_EXIT_CODE, StallWatchdog, stall_timeout_from_env
 from .zero_first import (
     HEARTBEAT_S,
     RankFailedError,
@@ -66,6 +73,13 @@ __all__ = [
     "exit_usage_error",
     "record_error_for_launcher",
     "DEFAULT_TIMEOUT_S",
+    "DEFAULT_STALL_TIMEOUT_S",
+    "STALL_EXIT_CODE",
+    "BoundedStore",
+    "StallWatchdog",
+    "StoreLostError",
+    "default_store",
+    "stall_timeout_from_env",
     "HEARTBEAT_S",
     "DistDebug",
     "DistEnvError",

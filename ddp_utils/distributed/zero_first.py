@@ -26,6 +26,7 @@ from typing import Any
 from ..log import LOGGER
 from .env import DistEnvError, dist_info
 from .group import barrier, get_rank, get_world_size, is_dist_initialized
+from .store import default_store as _default_store
 
 
 class RankFailedError(RuntimeError):
@@ -86,15 +87,6 @@ def _check_timeout(timeout: float | None) -> float:
     if timeout is None or not timeout > 0:
         raise ValueError(f"timeout={timeout!r}: give the seconds a follower may wait (> 0); no wait is unbounded")
     return float(timeout)
-
-
-def _default_store() -> Any | None:
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        return _get_default_store()
-    except Exception:  # a torch without it, or a group without a store
-        return None
 
 
 HEARTBEAT_S = 2.0  # the leader's heartbeat period in a first-process section

@@ -61,11 +61,13 @@ class StepControl:
         keeps_clock: this rank's clock decides (rank 0, unless the run saves nothing).
         nonfinite_limit: optimizer steps skipped in a row (non-finite gradients) that stop the run.
         watchdog: a :class:`~ddp_utils.distributed.StallWatchdog` told of each step, or None.
+        skipped: optimizer steps the run skipped before this process (a resumed run's); counting goes on from it.
         clock: seconds, monotonic (tests pass a fake one; the default is the real clock).
 
     Attributes:
         reason: why the run stops: ``"signal"`` or ``"diverged"`` (None while it goes on).
-        skipped: optimizer steps skipped so far (on any rank), as far as the host knows.
+        skipped: optimizer steps skipped so far in the run (on any rank), as far as the host knows.
+        epoch_skipped: of those, the ones of the epoch that :meth:`epoch_end` ended (exact).
         in_a_row: of those, the latest run of consecutive ones.
 
     Examples:
@@ -84,6 +86,7 @@ class StepControl:
         keeps_clock: bool = True,
         nonfinite_limit: int = NONFINITE_LIMIT,
         watchdog: Any = None,
+        skipped: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.preemption = PreemptionHandler(signals=signals, requeue_signals=requeue_signals)
@@ -93,7 +96,8 @@ class StepControl:
         self.clock = clock
         self.last_saved = clock()
         self.reason: str | None = None
-        self.skipped = 0
+        self.skipped = self._epoch_start = self._base = int(skipped)
+        self.epoch_skipped = 0
         self.in_a_row = 0
         self._asked = False  # the clock asked for a save that has not been made yet
         self._save = False  # a save agreed by every rank, made at the next optimizer step
@@ -164,6 +168,7 @@ class StepControl:
         local = torch.tensor([float(self.preemption.requested()), float(values[SKIPPED]), float(values[IN_A_ROW])])
         agreed = reduce_tensor(local, op="max") if is_dist_initialized() else local
         self._absorb(np.array([agreed[0].item(), 0.0, agreed[1].item(), agreed[2].item()], dtype=np.float32))
+        self.epoch_skipped, self._epoch_start = self.skipped - self._epoch_start, self.skipped
         return self.reason is not None
 
     def stop_requested(self) -> bool:
@@ -202,7 +207,7 @@ class StepControl:
         if flags[_STOP] > 0 and self.reason is None:
             self.reason = "signal"
         self._save = self._save or bool(flags[_SAVE] > 0)
-        self.skipped = max(self.skipped, int(flags[_SKIPPED]))
+        self.skipped = max(self.skipped, self._base + int(flags[_SKIPPED]))
         self.in_a_row = int(flags[_IN_A_ROW])
         if self.in_a_row >= self.nonfinite_limit and self.reason is None:
             self.reason = "diverged"

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import torch
 
 from ..data.download import DownloadError
-from ..distributed import DistEnvError, RankFailedError, exit_usage_error
+from ..distributed import DistEnvError, RankFailedError, exit_usage_error, stall_timeout_from_env
 from ..host import mem_available
 from ..log import LOGGER
 from ..progress import PROGRESS_MODES
@@ -158,6 +158,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
 
     Raises:
         OptionError: a :class:`ValueError`: one line naming the option and what to do (:func:`validate_options`).
+        DistEnvError: the stall watchdog's variables hold no number of seconds.
 
     Examples:
         >>> check_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
@@ -166,6 +167,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
         ddp_utils.engine.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
     """
     validate_options(opt, world_size)
+    stall_timeout_from_env()  # DDP_UTILS_STALL_TIMEOUT that is no number: one line naming it, before anything runs
     if opt.sync_bn and world_size == 1:
         LOGGER.warning("--sync-bn has no effect in a single process")
     for note in yolov5_option_notes(opt):

@@ -25,7 +25,8 @@ from ..log import LOGGER
 from .amp import resolve_amp
 from .loggers import increment_path, yaml_save
 from .loop import TrainStep
-from .resume import Resume, TrainState, gather_losses
+from .resume import Resume, gather_losses
+from .train_state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +101,7 @@ class Training:
         scheduler: the per-epoch LR schedule.
         train_loader, val_loader: the loaders.
         labels: the training labels (the label plot, ``--image-weights``).
-        state: where training stands (:class:`~ddp_utils.engine.resume.TrainState`): the epoch and batch
+        state: where training stands (:class:`~ddp_utils.engine.train_state.TrainState`): the epoch and batch
             to continue at, the best fitness, the last validation.
     """
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ..distributed import DistInfo
@@ -18,9 +19,11 @@ from ..log import LOGGER
 from .checkpoint import Checkpointer
 from .control import StepControl
 from .guard import TrainingDiverged
-from .resume import TrainState
 from .run import Training
 from .signals import requeue_job
+from .train_state import TrainState
+
+SAVE_PHASE_S = 600.0  # how long rank 0 may take over a save (a slow or remote disk) before it counts as stalled
 
 
 class RunSaves:
@@ -30,16 +33,22 @@ class RunSaves:
         checkpoints: the run's :class:`~ddp_utils.engine.checkpoint.Checkpointer` (used on rank 0 only).
         control: the run's control; every save restarts its clock.
         info: this process in the job.
+        watchdog: the run's :class:`~ddp_utils.distributed.StallWatchdog`: rank 0's saves are a phase of their own
+            (:data:`SAVE_PHASE_S`), while the other ranks wait for it; or None.
     """
 
-    def __init__(self, checkpoints: Checkpointer, control: StepControl, info: DistInfo) -> None:
-        self.checkpoints, self.control, self.info = checkpoints, control, info
+    def __init__(self, checkpoints: Checkpointer, control: StepControl, info: DistInfo, watchdog: Any = None) -> None:
+        self.checkpoints, self.control, self.info, self.watchdog = checkpoints, control, info, watchdog
+
+    def _saving(self) -> contextlib.AbstractContextManager:
+        return self.watchdog.phase("save", SAVE_PHASE_S) if self.watchdog is not None else contextlib.nullcontext()
 
     def save(self, fit: Training, stats: Any = None, best: bool = False) -> TrainState:
         """Every rank: last.pt of ``fit``'s state, at ``stats``' batch when given; returns the state saved."""
         state = fit.state_at(stats, self.info.world_size, self.control.skipped)
         if self.info.is_main:
-            self.checkpoints.save(state, fit.step, best=best)
+            with self._saving():  # the snapshot (and the write, unless in the background)
+                self.checkpoints.save(state, fit.step, best=best)
         self.control.saved()
         return state
 
@@ -57,7 +66,8 @@ class RunSaves:
             TrainingDiverged: the run stopped because its steps stayed non-finite (last.pt: the last finite state).
         """
         state = self.save(fit, stats) if stats is not None else fit.state
-        written, last = self.checkpoints.wait(), self.checkpoints.last
+        with self._saving():
+            written, last = self.checkpoints.wait(), self.checkpoints.last
         took = self.checkpoints.write_seconds
         saved = f"saved {last} in {took:.1f} s" if written else f"could not save {last} (the warning above says why)"
         control = self.control

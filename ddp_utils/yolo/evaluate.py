@@ -9,6 +9,7 @@ returns the same numbers a single process would compute over the whole set.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from ..distributed import broadcast_object, get_rank, get_world_size, is_dist_initialized, reduce_tensor
 from ..log import LOGGER
+from ..progress import progress as progress_reporter
 from .metrics import DetectionMetrics, ImageRecord, coco_metrics
 from .ops import non_max_suppression, scale_boxes, xywh2xyxy
 
@@ -98,6 +100,8 @@ def evaluate(
     half: bool = False,
     verbose: bool = True,
     stop: Callable[[], bool] | None = None,
+    progress: bool = False,
+    watchdog: Any = None,
 ) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
@@ -118,6 +122,10 @@ def evaluate(
         stop: asked before each batch on this rank (no collective: e.g. "a stop signal arrived here"); when
             it answers True the loop ends, the ranks agree at the loss reduction that follows, and every
             rank raises :class:`ValidationInterrupted` before any metric is computed.
+        progress: show this rank's progress through its batches ("val 3/8"; a bar, plain lines or nothing, as
+            :func:`ddp_utils.progress.progress_mode` says): pass it on the main process.
+        watchdog: a :class:`~ddp_utils.distributed.StallWatchdog`: rank 0's COCO evaluation, which the other
+            ranks wait for, is an unbounded phase of it (it takes minutes on COCO on a CPU); or None.
 
     Returns:
         ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics`
@@ -146,6 +154,7 @@ def evaluate(
         else contextlib.nullcontext()
     )
     interrupted = False
+    bar = progress_reporter(len(loader), desc="val", mode=None if progress else "off", file=sys.stderr)
     try:
         for imgs, targets, paths, shapes in loader:
             if stop is not None and stop():
@@ -166,7 +175,9 @@ def evaluate(
                 pred.float(), conf_thres, iou_thres, multi_label=True, agnostic=False, max_det=max_det
             )
             records.extend(batch_records(detections, targets, tuple(imgs.shape[2:]), paths, shapes))
+            bar.update(1)
     finally:
+        bar.close()
         model.train(was_training)
 
     # sums and batch counts, not per-rank means, so an uneven shard split weighs every batch alike; with them,
@@ -179,10 +190,11 @@ def evaluate(
 
     everything = _gather_to_rank0(records)
     metrics = None
-    if everything is not None:
+    computing = watchdog.phase("metrics", None) if watchdog is not None else contextlib.nullcontext()
+    if everything is not None:  # rank 0, while the others wait in the broadcast below
         try:
-            unique = _unique(everything)
-            metrics = coco_metrics(unique, max_dets=max_det)
+            with computing:
+                metrics = coco_metrics(_unique(everything), max_dets=max_det)
             (LOGGER.info if verbose else LOGGER.debug)(
                 f"val: {metrics.images} images, {metrics.instances} labels: P {metrics['precision']:.3f} "
                 f"R {metrics['recall']:.3f} mAP50 {metrics['map50']:.3f} mAP50-95 {metrics['map']:.3f}"

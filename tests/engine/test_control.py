@@ -107,10 +107,11 @@ def test_steps_that_stay_non_finite_stop_every_rank_with_the_last_finite_state()
 
 def test_in_one_process_the_run_stops_once_the_limit_is_reached():
     from ddp_utils.engine import train_one_epoch
-    from tests.workers.control_scenarios import _Batches, _small, _step
+    from tests.workers.control_scenarios import _Batches, _step
+    from tests.workers.engine_scenarios import small_model
 
     torch.manual_seed(0)
-    model = _small()
+    model = small_model()
     step = _step(model)
     bn_before = None
 

@@ -21,10 +21,7 @@ from ddp_utils.engine import (
     smart_optimizer,
     train_one_epoch,
 )
-
-
-def _small() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+from tests.workers.engine_scenarios import small_model
 
 
 def _step(model: nn.Module, accumulate: int = 1, fused: bool = False) -> TrainStep:
@@ -63,7 +60,7 @@ def real_clock_saves(steps: str = "40", step_seconds: str = "0.04", interval: st
     torch.set_num_threads(1)
     info = du.init_distributed(backend="gloo", timeout=60)
     torch.manual_seed(0)
-    step = _step(_small())
+    step = _step(small_model())
     saves: list[tuple[int, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         checkpoints = Checkpointer(tmp, opt={"epochs": 1}, background=True)
@@ -106,7 +103,7 @@ def nonfinite_on_rank1(steps: str = "10", nan_at: str = "3", limit: str = "4", f
     torch.set_num_threads(1)
     info = du.init_distributed(backend="gloo", timeout=60)
     torch.manual_seed(0)
-    model = _small()
+    model = small_model()
     step = _step(model, fused=fused == "1")
     first, _, rest = nan_at.partition("-")
     bad = set(range(int(first), int(steps))) if rest == "" and nan_at.endswith("-") else {int(first)}

@@ -13,10 +13,9 @@ from ddp_utils.yolo.metrics import (
     DetectionMetrics,
     class_table,
     empty_metrics,
-    match_at_iou,
-    precision_recall_at_best_f1,
     to_coco,
 )
+from ddp_utils.yolo.precision_recall import match_at_iou, precision_recall_at_best_f1
 
 
 def boxes_image(key: str, n: int = 4, size: int = 200) -> np.ndarray:
@@ -208,7 +207,6 @@ def test_fitness_takes_yolov5s_array_form():
 
 def test_many_low_score_detections_do_not_drag_p_down():
     """conf 0.001 leaves thousands of low-score boxes: P and R come from the high-confidence peak of F1."""
-    from ddp_utils.yolo.metrics import precision_recall_at_best_f1
 
     rng = np.random.default_rng(0)
     scores = np.concatenate((rng.uniform(0.001, 0.05, 5000), rng.uniform(0.85, 0.95, 10)))

@@ -19,7 +19,7 @@ and a file from the internet cannot run code on load. :func:`build_checkpoint` m
     opt            the run's options as a dict of plain values (Paths become str)
     hyp            the hyperparameter dict
     train_state    where training stands, so a resume continues at the next batch
-                   (:class:`~ddp_utils.engine.resume.TrainState`'s dict), or None;
+                   (:class:`~ddp_utils.engine.train_state.TrainState`'s dict), or None;
                    dropped by :func:`strip_optimizer`
     date           ISO 8601 time of saving (UTC)
     version        the ddp_utils version that wrote it

@@ -71,7 +71,7 @@ class Checkpointer:
         """Write where training stands to last.pt (and best.pt, epochN.pt when due).
 
         Args:
-            state: a :class:`~ddp_utils.engine.resume.TrainState`: the epoch in progress and the batch it
+            state: a :class:`~ddp_utils.engine.train_state.TrainState`: the epoch in progress and the batch it
                 reached (0: the epochs before it are done and validated; ``epochN.pt`` may then be due),
                 the best fitness, and the rest a resume needs. The checkpoint's ``epoch`` is the last
                 epoch done (``state.epoch - 1``), as YOLOv5's.

@@ -1,0 +1,409 @@
+"""Every fault a long run meets, injected into a real 2-process torchrun job: does the job finish, every epoch once,
+and what did it lose?
+
+    python benchmarks/faults.py [--faults sigterm sigterm-val sigkill sigstop worker-kill enospc nan truncated]
+        [--epochs 3] [--save-interval 0.01] [--dir DIR]
+
+The job: ``torchrun --nproc_per_node 2 --max-restarts 3 train.py`` (gloo, CPU), yolov5n on 64 synthetic images
+at 128 px, 8 images a step (4 per process), one optimizer step per batch, ``--workers 1``, a periodic save every
+``--save-interval`` minutes (0.6 s by default: a long run's 30 minutes, scaled to epochs of seconds), the stall
+watchdog at its default bound (120 s). First the same job uninterrupted, then one job per fault:
+
+- ``sigterm``: SIGTERM to the job (torchrun passes it on) in epoch 2; then the same command with ``--resume``.
+- ``sigterm-val``: the same while rank 0 validates epoch 2.
+- ``sigkill``: SIGKILL of rank 1 in epoch 2: torchrun restarts the workers, which resume from the last save.
+- ``sigstop``: rank 1 stopped (SIGSTOP) in epoch 2, a rank that hangs: the watchdog names it and ends the others
+  (exit 75), torchrun kills the stopped one (after its 30 s grace) and restarts.
+- ``worker-kill``: one of rank 0's data-loader workers killed (SIGKILL) in epoch 2.
+- ``enospc``: the run directory on a small tmpfs (mounted here; needs root), filled up after the first periodic
+  save, emptied again once a save has failed: a real "No space left on device" in a background write.
+- ``nan``: rank 1's loss made NaN at one step of epoch 2 (``benchmarks/fault_inject.py``).
+- ``truncated``: rank 0 killed in epoch 2 after a periodic save (no restart), its last.pt cut to half; the job
+  started again with ``--resume`` says in one line what to do; the benchmark does it, and resumes.
+
+Columns: how long after the fault the job said so (its first line about it); the optimizer steps trained
+twice (trained before the fault, after the position it resumed from); whether it finished with every epoch in
+results.csv once; the final trained weights against the uninterrupted job's (``equal``: bit for bit; else the
+relative norm of the difference); the line the user saw. Printed as a markdown table; the per-fault records go
+to ``<dir>/faults.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from ddp_utils.data import make_shapes_dataset  # noqa: E402
+from ddp_utils.engine import load_checkpoint  # noqa: E402
+
+FAULTS = ("sigterm", "sigterm-val", "sigkill", "sigstop", "worker-kill", "enospc", "nan", "truncated")
+NB = 8  # batches (= optimizer steps) per epoch: 64 images, 8 per step
+STEP_LINE = re.compile(r"^(\d+)/\d+ .* (\d+)/(\d+) \d+%")  # rank 0's plain progress line after each step
+VAL_LINE = re.compile(r"^val 1/\d+ ")
+RESUMED = re.compile(r"resuming \S+ at epoch (\d+)(?:, batch (\d+)/\d+)?")
+SAVED = re.compile(r"saved \S+ at epoch (\d+), batch (\d+)/\d+")
+USER_LINE = {  # the first line that says what happened, per fault
+    "sigterm": re.compile(r"received SIGTERM"),
+    "sigterm-val": re.compile(r"received SIGTERM"),
+    "sigkill": re.compile(r"exitcode\s*:\s*-9|Signal 9|SIGKILL"),
+    "sigstop": re.compile(r"rank \d+ stalled: "),
+    "worker-kill": re.compile(r"DataLoader worker .*(killed|exited)|worker .*killed"),
+    "enospc": re.compile(r"could not save checkpoint .*No space left on device"),
+    "nan": re.compile(r"optimizer step\(s\) skipped \(non-finite gradients\)"),
+    "truncated": re.compile(r"the checkpoint is damaged"),
+}
+
+
+@dataclass
+class Job:
+    """One torchrun job's run: its lines (stderr and stdout, in order) with their times, and its exit code."""
+
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    returncode: int | None = None
+
+    def first(self, pattern: re.Pattern, after: float = 0.0) -> tuple[float, str] | None:
+        return next(((t, line) for t, line in self.lines if t >= after and pattern.search(line)), None)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def rank_pids(agent: int) -> dict[int, int]:
+    """{RANK: pid} of the train.py workers a torchrun agent started."""
+    found = {}
+    for pid in children(agent):
+        with contextlib.suppress(OSError, ValueError):
+            environ = dict(
+                kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv
+            )
+            if b"RANK" in environ:
+                found[int(environ[b"RANK"])] = pid
+    return found
+
+
+LOGS: list[Path] = []  # where run_job keeps each job's output (set by main)
+
+
+def run_job(
+    cmd: list[str], env: dict[str, str], timeout: float, on_line: Callable[[str, subprocess.Popen], None]
+) -> Job:
+    """Run ``cmd`` to its end (or ``timeout``), calling ``on_line`` on each output line as it comes; its output
+    is kept in ``<dir>/logs/``."""
+    job, start = Job(), time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            job.lines.append((time.monotonic(), line.rstrip("\n")))
+            with contextlib.suppress(Exception):
+                on_line(line, proc)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        job.returncode = proc.wait(timeout=timeout - (time.monotonic() - start))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        job.returncode = proc.wait()
+    reader.join(timeout=10)
+    if LOGS:
+        log = LOGS[0] / f"job{len(list(LOGS[0].glob('job*.log'))):02d}.log"
+        log.write_text(" ".join(cmd) + "\n" + "\n".join(line for _, line in job.lines) + f"\nexit {job.returncode}\n")
+    return job
+
+
+class Setup:
+    """The data, the commands and the environment every job of this benchmark shares."""
+
+    def __init__(self, root: Path, epochs: int, save_interval: float) -> None:
+        self.root, self.epochs, self.save_interval = root, epochs, save_interval
+        make_shapes_dataset(root / "shapes", n_train=64, n_val=48, size=(128, 160), seed=0, max_objects=4)
+        (root / "shapes.yaml").write_text(
+            f"path: {root / 'shapes'}\ntrain: images/train\nval: images/val\n"
+            "names: {0: circle, 1: square, 2: triangle, 3: star}\n"
+        )
+        hyp = yaml.safe_load((REPO_ROOT / "configs" / "hyps" / "hyp.shapes.yaml").read_text())
+        hyp.update(nbs=8, warmup_epochs=0.5, warmup_min_iters=2)  # one optimizer step per batch: steps = batches
+        (root / "hyp.yaml").write_text(yaml.safe_dump(hyp))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("DDP_UTILS_", "TORCHELASTIC_"))}
+        self.env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDP_UTILS_PROGRESS="plain",
+                        DDP_UTILS_PROGRESS_SECONDS="0", DDP_UTILS_DATASETS_DIR=str(root / "datasets"))  # fmt: skip
+
+    def train_args(self, project: Path, name: str, *extra: str) -> list[str]:
+        return [
+            "--data", str(self.root / "shapes.yaml"), "--hyp", str(self.root / "hyp.yaml"), "--cfg", "yolov5n.yaml",
+            "--imgsz", "128", "--batch-size", "8", "--workers", "1", "--device", "cpu", "--epochs", str(self.epochs),
+            "--save-interval", str(self.save_interval), "--project", str(project), "--name", name, *extra,
+        ]  # fmt: skip
+
+    def torchrun(self, script: list[str], restarts: int = 3) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts",
+                str(restarts), "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *script]  # fmt: skip
+
+    def job(self, project: Path, name: str, *extra: str, restarts: int = 3, wrapper: list[str] | None = None):
+        script = [*(wrapper or [str(REPO_ROOT / "train.py")]), *self.train_args(project, name, *extra)]
+        return self.torchrun(script, restarts)
+
+
+class At:
+    """An ``on_line`` that acts once, when rank 0's progress reaches (epoch, batch) or a pattern matches."""
+
+    def __init__(self, act: Callable[[subprocess.Popen], None], epoch: int = 2, batch: int = 4, pattern=None,
+                 occurrence: int = 1) -> None:  # fmt: skip
+        self.act, self.epoch, self.batch, self.pattern = act, epoch, batch, pattern
+        self.occurrence, self.matches = occurrence, 0
+        self.at: float | None = None
+        self.reached = (0, 0)  # (epoch, batch) of rank 0's last progress line before the act
+
+    def __call__(self, line: str, proc: subprocess.Popen) -> None:
+        step = STEP_LINE.match(line)
+        if step and self.at is None:
+            self.reached = (int(step.group(1)), int(step.group(2)))
+        if self.at is not None:
+            return
+        if self.pattern is not None and self.pattern.search(line):
+            self.matches += 1
+        hit = self.pattern is not None and self.matches == self.occurrence
+        if hit or (self.pattern is None and step and self.reached >= (self.epoch, self.batch)):
+            self.at = time.monotonic()
+            self.act(proc)
+
+
+def steps_lost(reached: tuple[int, int], job: Job, after: float) -> int | None:
+    """Optimizer steps trained twice: the position reached before the fault, minus the one a resume continued at."""
+    resumed = next((RESUMED.search(line) for t, line in job.lines if t >= after and RESUMED.search(line)), None)
+    if resumed is None:
+        return 0
+    epoch, batch = int(resumed.group(1)), int(resumed.group(2) or 0)
+    return max((reached[0] - 1) * NB + reached[1] - ((epoch - 1) * NB + batch), 0)
+
+
+def epochs_once(run_dir: Path, epochs: int) -> bool:
+    path = run_dir / "results.csv"
+    if not path.is_file():
+        return False
+    with open(path, newline="") as f:
+        rows = [row for row in csv.DictReader(f)]
+    return [int(float(r["epoch"])) for r in rows] == list(range(epochs))
+
+
+def weights_against(reference: Path, run_dir: Path) -> str:
+    """``equal`` (bit for bit), else the relative norm of the difference of the trained weights."""
+    a = load_checkpoint(reference / "weights" / "last.pt")["train_model"]
+    last = run_dir / "weights" / "last.pt"
+    if not last.is_file():
+        return "no last.pt"
+    b = load_checkpoint(last)["train_model"]
+    keys = [k for k, v in a.items() if v.is_floating_point()]
+    if all(torch.equal(a[k], b[k]) for k in keys):
+        return "equal"
+    diff = sum(float((a[k].double() - b[k].double()).square().sum()) for k in keys) ** 0.5
+    norm = sum(float(a[k].double().square().sum()) for k in keys) ** 0.5
+    return f"{diff / norm:.1e}"
+
+
+def signal_job(sig: int) -> Callable[[subprocess.Popen], None]:
+    return lambda proc: proc.send_signal(sig)
+
+
+def signal_rank(rank: int, sig: int) -> Callable[[subprocess.Popen], None]:
+    def act(proc: subprocess.Popen) -> None:
+        act.pid = rank_pids(proc.pid)[rank]
+        os.kill(act.pid, sig)
+
+    act.pid = None
+    return act
+
+
+def kill_loader_worker(proc: subprocess.Popen) -> None:
+    rank0 = rank_pids(proc.pid)[0]
+    workers = [pid for pid in children(rank0) if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(workers[0], signal.SIGKILL)
+
+
+def fault_sigterm(s: Setup, out: Path, name: str, val: bool) -> dict:
+    # in the middle of epoch 2, or while rank 0 validates it (the second validation's first line)
+    act = At(signal_job(signal.SIGTERM), pattern=VAL_LINE, occurrence=2) if val else At(signal_job(signal.SIGTERM))
+    first = run_job(s.job(out, name), s.env, 600, act)
+    last = out / name / "weights" / "last.pt"
+    second = run_job(s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)]), s.env, 600, lambda *a: None)
+    return describe(name, first, second, act.at, act.reached, out / name, s)
+
+
+def fault_restart(s: Setup, out: Path, name: str, act: At, timeout: float = 900) -> dict:
+    job = run_job(s.job(out, name), s.env, timeout, act)
+    if getattr(act.act, "pid", None):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(act.act.pid, signal.SIGKILL)  # a stopped rank, if torchrun left it
+    return describe(name, job, None, act.at, act.reached, out / name, s)
+
+
+def fault_enospc(s: Setup, out: Path, name: str) -> dict:
+    mount = out / "tmpfs"
+    mount.mkdir(exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(mount)], capture_output=True).returncode:
+        return {"fault": name, "skipped": "cannot mount a tmpfs here (needs root)"}
+    filler = mount / "filler"
+    state: dict[str, float] = {}
+
+    def on_line(line: str, proc: subprocess.Popen) -> None:
+        if "at" not in state and SAVED.search(line) and int(SAVED.search(line).group(1)) == 2:
+            state["at"] = time.monotonic()
+            with contextlib.suppress(OSError), open(filler, "wb") as f:  # fill the disk up to the last byte
+                while True:
+                    f.write(b"\0" * 2**20)
+        elif "at" in state and "freed" not in state and USER_LINE[name].search(line):
+            filler.unlink(missing_ok=True)
+            state["freed"] = time.monotonic()
+
+    try:
+        job = run_job(s.job(mount, name), s.env, 600, on_line)
+        shutil.copytree(mount / name, out / name)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    return describe(name, job, None, state.get("at"), (0, 0), out / name, s)
+
+
+def fault_nan(s: Setup, out: Path, name: str) -> dict:
+    wrapper = [str(REPO_ROOT / "benchmarks" / "fault_inject.py"), "--nan-at", str(NB + 3), "--nan-rank", "1", "--"]
+    start = time.monotonic()
+    job = run_job(s.job(out, name, wrapper=wrapper), s.env, 600, lambda *a: None)
+    step = next(
+        (t for t, line in job.lines if (m := STEP_LINE.match(line)) and (int(m[1]), int(m[2])) == (2, 4)), start
+    )
+    return describe(name, job, None, step, (0, 0), out / name, s)
+
+
+def fault_truncated(s: Setup, out: Path, name: str) -> dict:
+    last = out / name / "weights" / "last.pt"
+    act = At(signal_rank(0, signal.SIGKILL), pattern=re.compile(r"saved \S+ at epoch 2, batch [4-7]/"))
+    first = run_job(s.job(out, name, restarts=0), s.env, 600, act)
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])  # the storage cut the file short
+    at = time.monotonic()
+    resume = s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)])
+    refused = run_job(resume, s.env, 600, lambda *a: None)
+    advice = next((line for _, line in refused.lines if "continue from it with" in line), "")
+    commands = re.search(r"with `([^`]+)` then", advice)
+    if commands:
+        subprocess.run(["sh", "-c", commands.group(1)], check=True)
+    finished = run_job(resume, s.env, 600, lambda *a: None)
+    record = describe(name, refused, finished, at, act.reached, out / name, s)
+    record["first_exit"], record["refused_exit"] = first.returncode, refused.returncode
+    return record
+
+
+def describe(name: str, job: Job, then: Job | None, at: float | None, reached, run_dir: Path, s: Setup) -> dict:
+    both = Job(job.lines + (then.lines if then else []), then.returncode if then else job.returncode)
+    said = both.first(USER_LINE[name], after=at or 0.0)
+    return {
+        "fault": name,
+        "detected_s": round(said[0] - at, 1) if said and at else None,
+        "steps_lost": steps_lost(reached, both, at or 0.0),
+        "finished": both.returncode == 0 and epochs_once(run_dir, s.epochs),
+        "weights": weights_against(s.root / "runs" / "reference", run_dir),
+        "line": excerpt(said[1], USER_LINE[name]) if said else "",
+        "exit": both.returncode,
+    }
+
+
+def excerpt(line: str, pattern: re.Pattern, width: int = 150) -> str:
+    """The line, or the part of it around what ``pattern`` found when it is long."""
+    line = line.strip()
+    if len(line) <= width:
+        return line
+    start = max(0, min(pattern.search(line).start() - 30, len(line) - width))
+    return ("..." if start else "") + line[start : start + width] + ("..." if start + width < len(line) else "")
+
+
+def table(records: list[dict]) -> str:
+    rows = ["| fault | detected after (s) | optimizer steps lost | finished, every epoch once | final weights vs "
+            "uninterrupted | the line the user saw |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in records:
+        if "skipped" in r:
+            rows.append(f"| {r['fault']} | skipped: {r['skipped']} | | | | |")
+            continue
+        line = r["line"].replace("|", "\\|")
+        rows.append(f"| {r['fault']} | {r['detected_s']} | {r['steps_lost']} | {'yes' if r['finished'] else 'NO'} | "
+                    f"{r['weights']} | `{line}` |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--save-interval", type=float, default=0.01, help="minutes between periodic saves")
+    parser.add_argument("--dir", type=Path, default=None, help="where the runs go (default: a temp directory)")
+    opt = parser.parse_args()
+    root = Path(opt.dir or tempfile.mkdtemp(prefix="faults-")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    s = Setup(root, opt.epochs, opt.save_interval)
+    LOGS.append(root / "logs")
+    LOGS[0].mkdir(exist_ok=True)
+    out = root / "runs"
+    reference = run_job(s.job(out, "reference"), s.env, 900, lambda *a: None)
+    if reference.returncode != 0:
+        sys.exit("the uninterrupted job failed:\n" + "\n".join(line for _, line in reference.lines[-30:]))
+    records = []
+    for name in opt.faults:
+        if name in ("sigterm", "sigterm-val"):
+            record = fault_sigterm(s, out, name, val=name == "sigterm-val")
+        elif name == "sigkill":
+            record = fault_restart(s, out, name, At(signal_rank(1, signal.SIGKILL), batch=5))
+        elif name == "sigstop":
+            record = fault_restart(s, out, name, At(signal_rank(1, signal.SIGSTOP), batch=3))
+        elif name == "worker-kill":
+            record = fault_restart(s, out, name, At(kill_loader_worker, batch=3))
+        elif name == "enospc":
+            record = fault_enospc(s, out, name)
+        elif name == "nan":
+            record = fault_nan(s, out, name)
+        else:
+            record = fault_truncated(s, out, name)
+        records.append(record)
+        print(json.dumps(record), flush=True)
+        (root / "faults.json").write_text(json.dumps(records, indent=1))
+    print(f"\n2 processes (gloo, CPU), yolov5n, {NB} steps an epoch, {opt.epochs} epochs, --save-interval "
+          f"{opt.save_interval} min, --max-restarts 3, the watchdog's default bound; runs in {root}\n")  # fmt: skip
+    print(table(records))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The stall watchdog: its verdict rules in-process (fast), then real gloo groups on the CPU whose ranks
+stall on purpose (slow: each starts 2-3 processes and waits out a bound by design).
+
+The workers (tests/workers/watchdog_scenarios.py) report every 0.25 s and take their bound from
+DDP_UTILS_STALL_TIMEOUT, 3 or 4 s here (120 by default; 4 s where a false alarm is what is tested, a
+margin for a loaded host); the group's own timeout is 5 minutes, so only the watchdog can end a stall
+within these tests' deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ddp_utils.distributed import STALL_EXIT_CODE, DistEnvError, StallWatchdog, stall_timeout_from_env
+from ddp_utils.distributed.stall import Observer, RankView, blame_lines, find_stalled
+
+from ..multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
+
+SCENARIOS = "tests.workers.watchdog_scenarios"
+BLAME = re.compile(r"^rank (\d+) stalled: no progress for (\d+) s in phase '(\w+)' \(step (\d+)\); (.*)$", re.M)
+RULES = dict(tie=1.0, dead_after=120.0, stale=10.0)
+
+
+def stall_env(seconds: float) -> dict[str, str]:
+    return {"DDP_UTILS_STALL_TIMEOUT": str(seconds)}
+
+
+def blames(workers) -> list[tuple[int, int, str, int, str]]:
+    """Every blame line any rank printed: (rank, seconds, phase, step, what its heartbeat says)."""
+    found = []
+    for w in workers:
+        for m in BLAME.finditer(w.stderr):
+            found.append((int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), m.group(5)))
+    return found
+
+
+def printed_stack(worker) -> str:
+    """The stack the watchdog printed for this worker's main thread (its lines, prefixed by its rank)."""
+    prefix = f"[rank {worker.rank}] "
+    return "\n".join(line[len(prefix) :] for line in worker.stderr.splitlines() if line.startswith(prefix))
+
+
+def finished(workers) -> list[int]:
+    return sorted(json.loads(line)["rank"] for w in workers for line in w.stdout.splitlines() if '"finished"' in line)
+
+
+# --- the verdict rules, in-process ------------------------------------------------------------------
+
+
+def test_the_rank_behind_is_blamed_not_the_one_waiting_for_it():
+    stuck = RankView(1, "train", step=36, idle=130.0, bound=120.0, heartbeat_age=0.5)
+    waiting = RankView(0, "train", step=37, idle=129.7, bound=120.0, heartbeat_age=0.5, waiting=True)
+    assert find_stalled([waiting, stuck], **RULES) == [stuck]
+
+
+def test_a_waiting_rank_whose_bound_runs_out_first_is_not_blamed_while_the_laggard_is_within_its_own():
+    laggard = RankView(1, "train", step=36, idle=200.0, bound=300.0, heartbeat_age=0.5)  # slow steps seen before
+    waiting = RankView(0, "train", step=37, idle=199.0, bound=120.0, heartbeat_age=0.5)
+    assert find_stalled([waiting, laggard], **RULES) == []
+
+
+def test_a_stopped_heartbeat_is_blamed_even_in_a_long_bound_and_the_waiting_are_not():
+    frozen = RankView(1, "train", step=1, idle=125.0, bound=900.0, heartbeat_age=124.0)  # frozen in its first step
+    waiting = RankView(0, "train", step=1, idle=125.0, bound=900.0, heartbeat_age=0.3)
+    assert find_stalled([waiting, frozen], **RULES) == [frozen]
+    assert "its heartbeat stopped 124 s ago: stopped (SIGSTOP) or hung in the kernel?" in blame_lines([frozen], 10.0)[0]
+
+
+def test_an_unbounded_phase_holds_off_every_verdict_and_a_bounded_one_within_its_bound_too():
+    waiting = RankView(1, "train", step=10, idle=500.0, quiet=500.0, bound=120.0, heartbeat_age=0.3)
+    for bound in (None, 1800.0):
+        mapping = RankView(0, "metrics", idle=499.0, quiet=500.0, bound=bound, block=True, heartbeat_age=0.3)
+        assert find_stalled([mapping, waiting], **RULES) == []
+    overrun = RankView(0, "metrics", idle=499.0, quiet=500.0, bound=300.0, block=True, heartbeat_age=0.3)
+    waiting_in_broadcast = RankView(1, "train", step=10, idle=500.0, bound=120.0, heartbeat_age=0.3, waiting=True)
+    assert find_stalled([overrun, waiting_in_broadcast], **RULES) == [overrun]
+
+
+def test_a_rank_that_left_is_never_blamed_and_equal_ranks_are_told_apart_by_their_stacks():
+    left = RankView(2, "train", step=3, idle=900.0, bound=120.0, heartbeat_age=900.0, done=True)
+    computing = RankView(1, "train", step=37, idle=130.0, bound=120.0, heartbeat_age=0.2, where="model.py:9 in f")
+    waiting = RankView(0, "train", step=37, idle=130.2, bound=120.0, heartbeat_age=0.2, waiting=True)
+    assert find_stalled([waiting, computing, left], **RULES) == [computing]
+    assert blame_lines([computing], 10.0, left=[2])[-1].startswith("rank 2 left the stall watchdog before")
+    both = [waiting, RankView(1, "train", step=37, idle=130.0, bound=120.0, heartbeat_age=0.2, waiting=True)]
+    assert [v.rank for v in find_stalled(both, **RULES)] == [0, 1]
+    assert "ranks 0, 1 stopped at the same point" in blame_lines(find_stalled(both, **RULES), 10.0)[-1]
+
+
+def report(beat: int, idle: float, bound: float | None = 3.0, block: bool = False, phase: str = "train") -> str:
+    fields = dict(beat=beat, phase=phase, step=7, idle=idle, quiet=idle, bound=bound, block=block, done=False)
+    return json.dumps({**fields, "waiting": False, "where": ""})
+
+
+def test_a_verdict_stands_only_when_the_next_judgement_on_a_newer_report_agrees():
+    observer = Observer(startup_bound=900.0, stale=10.0, now=0.0)
+    stuck = observer.see([report(1, 5.0)], now=1.0, resumed=0.0)
+    assert not observer.confirmed(find_stalled(stuck, **RULES | {"dead_after": 3.0}))  # first sight
+    same_report = observer.see([report(1, 5.0)], now=1.5, resumed=0.0)
+    assert not observer.confirmed(find_stalled(same_report, **RULES | {"dead_after": 3.0}))  # no newer report
+    newer = observer.see([report(2, 6.0)], now=2.0, resumed=0.0)
+    assert observer.confirmed(find_stalled(newer, **RULES | {"dead_after": 3.0}))
+
+
+def test_waiting_while_a_rank_held_the_group_does_not_count_against_the_others():
+    observer = Observer(startup_bound=900.0, stale=10.0, now=0.0)
+    holding_views = observer.see([report(1, 8.0, bound=16.0, block=True), report(1, 8.0)], now=8.0, resumed=0.0)
+    assert holding_views[1].idle == 0.0 and find_stalled(holding_views, **RULES) == []
+    released = observer.see([report(2, 0.1), report(2, 10.0)], now=10.0, resumed=0.0)  # the block ended at 8 s
+    assert released[1].idle == 2.0 and find_stalled(released, **RULES) == []
+    later = observer.see([report(3, 0.1), report(3, 12.0)], now=12.0, resumed=0.0)
+    assert [v.rank for v in find_stalled(later, **RULES | {"dead_after": 120.0})] == [1]  # 4 s after the hold
+
+
+# --- settings, and no group ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "inf"])
+def test_a_bad_timeout_in_the_environment_is_one_clear_error_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("DDP_UTILS_STALL_TIMEOUT", value)
+    with pytest.raises(DistEnvError) as info:
+        StallWatchdog()
+    assert str(info.value).startswith(f"DDP_UTILS_STALL_TIMEOUT={value!r} is not a number of seconds"), info.value
+    assert "0/off" in str(info.value)
+
+
+def test_timeout_settings(monkeypatch):
+    assert stall_timeout_from_env({}) == 120.0 and stall_timeout_from_env({"DDP_UTILS_STALL_TIMEOUT": "0"}) is None
+    assert StallWatchdog(timeout=0).timeout is None
+    assert StallWatchdog(timeout=30, startup_timeout=10).startup_timeout == 30  # never below the steady bound
+    with pytest.raises(ValueError, match="timeout=-1"):
+        StallWatchdog(timeout=-1)
+    monkeypatch.setenv("DDP_UTILS_STALL_STARTUP_TIMEOUT", "soon")
+    with pytest.raises(DistEnvError, match="DDP_UTILS_STALL_STARTUP_TIMEOUT='soon' is not a number of seconds"):
+        StallWatchdog(timeout=30)
+
+
+def test_without_a_process_group_it_is_a_no_op():
+    threads = threading.active_count()
+    with StallWatchdog(timeout=0.2, interval=0.05) as watchdog:
+        assert not watchdog.active and threading.active_count() == threads
+        assert list(watchdog.track(iter("abc"), "val")) == ["a", "b", "c"]
+        assert len(watchdog.track(range(5), "train")) == 5  # as train_one_epoch asks of its loader
+        time.sleep(0.5)  # longer than the bound: nothing watches, nothing ends
+        with watchdog.phase("metrics", None):
+            watchdog.progress("train")
+    with pytest.raises(ValueError, match="phase 'save': timeout=0"), watchdog.phase("save", 0):
+        pass
+
+
+# --- real groups ------------------------------------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_rank_stuck_in_a_read_is_blamed_with_its_own_stack_and_every_rank_exits_for_a_restart():
+    workers = launch(f"{SCENARIOS}:stuck_read", 3, timeout=75, args=(1, 5, 60), env=stall_env(3))
+    output = describe(workers)
+    assert [w.returncode for w in workers] == [STALL_EXIT_CODE] * 3, output
+    (blame,) = blames(workers)
+    rank, seconds, phase, step, heartbeat = blame
+    assert (rank, phase, step) == (1, "train", 5), output  # the 5th item arrived; the 6th never did
+    assert 3 <= seconds <= 8 and heartbeat.startswith("its heartbeat is alive: stuck in Python/IO"), output
+    stuck = printed_stack(workers[1])
+    assert "stall watchdog: this rank is the one stalled" in stuck, output
+    assert "in read_from_a_hung_mount" in stuck and "time.sleep(seconds)" in stuck, output
+    for w in (workers[0], workers[2]):
+        assert "stall watchdog: rank 1 stalled; this rank's main thread is at:" in w.stderr, output
+        assert "dist.all_reduce(torch.ones(1))" in printed_stack(w), output  # waiting in the step's collective
+    assert sum("stall watchdog: ending every rank with exit code 75" in w.stderr for w in workers) == 1, output
+    assert finished(workers) == [], output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_sigstopped_rank_is_named_by_its_stopped_heartbeat_and_the_others_exit_within_the_bound():
+    started = time.time()
+    workers = launch(f"{SCENARIOS}:frozen_rank", 3, timeout=90, args=(1, 40), env=stall_env(4), stopped=(1,))
+    output = describe(workers)
+    assert workers[1].returncode == -9, output  # stopped until the test killed it
+    assert [workers[0].returncode, workers[2].returncode] == [STALL_EXIT_CODE] * 2, output
+    (blame,) = blames(workers)
+    rank, seconds, phase, step, heartbeat = blame
+    assert (rank, phase) == (1, "train") and step <= 41 and 4 <= seconds <= 9, output  # its last report's step
+    assert re.match(r"its heartbeat stopped \d+ s ago: stopped \(SIGSTOP\) or hung in the kernel\?", heartbeat)
+    for w in (workers[0], workers[2]):
+        assert "dist.all_reduce(torch.ones(1))" in printed_stack(w), output
+    stopped_at = json.loads(workers[1].stdout.splitlines()[0])["stopped_at"]
+    ended_at = started + workers[0].seconds
+    print(f"SIGSTOP to exit: {ended_at - stopped_at:.1f} s with a bound of 4 s (blame line: {seconds} s)")
+    assert ended_at - stopped_at < 4 + 8, output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_store_host_stopped_ends_every_other_rank_saying_the_store_is_lost():
+    # rank 0 hosts the TCPStore under env://: the others' store calls get no answer
+    workers = launch(f"{SCENARIOS}:frozen_rank", 3, timeout=90, args=(0, 40), env=stall_env(4), stopped=(0,))
+    output = describe(workers)
+    assert [w.returncode for w in workers[1:]] == [STALL_EXIT_CODE] * 2, output
+    for w in workers[1:]:
+        assert re.search(rf"\[rank {w.rank}\] stall watchdog: lost the rendezvous store at 127\.0\.0\.1:\d+", w.stderr)
+        assert "dist.all_reduce(torch.ones(1))" in printed_stack(w), output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_slow_first_step_inside_the_startup_bound_is_no_stall():
+    # the first step takes 9 s, over twice the steady bound, while the others wait in its all-reduce
+    workers = launch(f"{SCENARIOS}:slow_first_step", 2, timeout=75, args=(1, 9), env=stall_env(4))
+    assert [w.returncode for w in workers] == [0, 0] and finished(workers) == [0, 1], describe(workers)
+    assert "stalled" not in "".join(w.stderr for w in workers), describe(workers)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["unbounded", "bounded"])
+def test_a_long_phase_on_rank_0_is_no_stall_for_it_nor_for_the_ranks_waiting_for_it(kind):
+    workers = launch(f"{SCENARIOS}:long_phase", 3, timeout=90, args=(kind, 10), env=stall_env(4))
+    assert [w.returncode for w in workers] == [0, 0, 0] and finished(workers) == [0, 1, 2], describe(workers)
+    assert "stalled" not in "".join(w.stderr for w in workers), describe(workers)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_phase_that_overruns_its_own_bound_is_blamed():
+    workers = launch(f"{SCENARIOS}:long_phase", 2, timeout=90, args=("overrun", 30), env=stall_env(3))
+    output = describe(workers)
+    assert [w.returncode for w in workers] == [STALL_EXIT_CODE] * 2, output
+    ((rank, seconds, phase, step, heartbeat),) = blames(workers)
+    assert (rank, phase, step) == (0, "metrics", 0) and 7 <= seconds <= 14, output  # its own bound: 7.5 s
+    assert "time.sleep(float(seconds))" in printed_stack(workers[0]), output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("leaving_rank", [1, 0])  # rank 0 hosts the store: it stays up in the barrier
+def test_a_rank_that_leaves_early_is_never_blamed(leaving_rank):
+    workers = launch(f"{SCENARIOS}:leaves_early", 3, timeout=90, args=(leaving_rank, 10), env=stall_env(4))
+    assert [w.returncode for w in workers] == [0, 0, 0] and finished(workers) == [0, 1, 2], describe(workers)
+    assert "stalled" not in "".join(w.stderr for w in workers), describe(workers)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_off_when_ddp_utils_stall_timeout_is_0():
+    # the same stuck read as above, 6 s: twice the bound that ends it when the watchdog is on
+    workers = launch(f"{SCENARIOS}:stuck_read", 2, timeout=75, args=(1, 5, 6, 30), env=stall_env(0))
+    assert [w.returncode for w in workers] == [0, 0] and finished(workers) == [0, 1], describe(workers)
+    assert "stall watchdog" not in "".join(w.stderr for w in workers), describe(workers)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_torchrun_restarts_a_job_the_watchdog_ended_and_the_second_attempt_finishes():
+    # attempt 0: rank 1 SIGSTOPs itself; the watchdog ends rank 0 with 75; torchrun SIGTERMs rank 1, which
+    # stays stopped until SIGKILL 30 s later; attempt 1 must not read attempt 0's verdict from the agent's store
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+        "-m", "tests.workers.watchdog_scenarios", "restart",
+    ]  # fmt: skip
+    env = launcher_env(stall_env(4))
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    started = time.time()
+    (run,) = collect([proc], time.monotonic(), 200, "torchrun restart after a stall")
+    output = describe([run])
+    assert run.returncode == 0, output
+    records = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    stopped_at = next(r["stopped_at"] for r in records if "stopped_at" in r)
+    done = sorted((r["rank"], r["attempt"], r["total"]) for r in records if r.get("finished"))
+    assert done == [(0, 1, 2.0), (1, 1, 2.0)], output
+    assert [b[0] for b in blames([run])] == [1] and f"exitcode: {STALL_EXIT_CODE}" in run.stderr, output
+    print(f"SIGSTOP to the restarted job's end: {started + run.seconds - stopped_at:.1f} s (bound 4 s)")
