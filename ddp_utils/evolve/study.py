@@ -198,16 +198,18 @@ def evolve(opt: argparse.Namespace, info: DistInfo, device: Any, train_run: Trai
         trial = claimed[0] if claimed else None
         stopper = TrialStopper(opt.patience, settings.epochs, trial, settings.prune != "off")
         run_opt = plan.options(opt, prune=settings.prune != "off")
-        if not run_trial(evolution, trial, functools.partial(train_run, run_opt, trial_info, device, stopper), info):
+        outcome = run_trial(evolution, trial, functools.partial(train_run, run_opt, trial_info, device, stopper), info)
+        if outcome == "stopped":
             break
-        if evolution is not None:
+        if outcome == "trained" and evolution is not None:  # a failed trial is recorded already, never a result
             evolution.finish(trial, plan, stopper)
     if evolution is not None:
         LOGGER.info(evolution.summary())
 
 
-def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any], info: DistInfo) -> bool:
-    """Train one trial; False when this worker stops (a signal: the trial goes back to the queue).
+def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any], info: DistInfo) -> str:
+    """Train one trial: ``"trained"`` (to its end or pruned: its results to record), ``"failed"`` (recorded, with
+    its reason) or ``"stopped"`` (a signal: the trial goes back to the queue and this worker stops).
 
     Divergence fails the trial and the study goes on; so does any other error in a single process (under torchrun
     it ends the worker, whose ranks may no longer agree). Only ``evolution`` (rank 0) writes to the store.
@@ -220,14 +222,14 @@ def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any],
     except TrainingDiverged as exc:  # every rank alike, after last.pt was saved
         if evolution is not None:
             evolution.fail(trial, f"diverged: {exc}")
-        return True
+        return "failed"
     except Exception as exc:
         if evolution is not None:
             evolution.fail(trial, f"{type(exc).__name__}: {exc}")
         if info.distributed:
             raise
         LOGGER.warning("evolve: the trial's error; the study goes on", exc_info=True)
-        return True
+        return "failed"
     except KeyboardInterrupt:  # a second Ctrl-C: the trial waits for the next start
         if evolution is not None:
             evolution.pause(trial)
@@ -236,9 +238,11 @@ def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any],
         if evolution is not None:
             evolution.fail(trial, f"the run exited with code {exc.code}")
         raise
-    if stopped is not None and evolution is not None:
+    if stopped is None:
+        return "trained"
+    if evolution is not None:
         evolution.pause(trial)
-    return stopped is None
+    return "stopped"
 
 
 __all__ = ["Evolution", "TrainRun", "evolve", "open_evolution", "run_trial"]

@@ -7,6 +7,9 @@ import argparse
 import optuna
 import pytest
 
+from ddp_utils.distributed import DistInfo
+from ddp_utils.engine import TrainingDiverged
+from ddp_utils.evolve.study import run_trial
 from ddp_utils.evolve.trial import TrialPlan, TrialStopper
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -63,3 +66,39 @@ def test_a_trial_is_one_run_of_its_values_in_its_own_directory():
                                                                            "2", True)  # fmt: skip
     assert run.resume == plan.resume and run.noplots and not run.noval and run.epochs == 3
     assert plan.options(opt, prune=False).noval  # YOLOv5's: only the last epoch validated
+
+
+class RecordingEvolution:
+    """What run_trial asks of the study (rank 0's Evolution): the calls, in order."""
+
+    def __init__(self) -> None:
+        self.storage, self.settings, self.calls = None, argparse.Namespace(heartbeat=0), []
+
+    def fail(self, trial: object, reason: str) -> None:
+        self.calls.append(("fail", reason))
+
+    def pause(self, trial: object) -> None:
+        self.calls.append(("pause",))
+
+
+def diverges() -> None:
+    raise TrainingDiverged("training diverged at epoch 1, batch 2/4")
+
+
+def errs() -> None:
+    raise OSError("disk full")
+
+
+@pytest.mark.parametrize(
+    ("train", "outcome", "calls"),
+    [
+        (lambda: None, "trained", []),  # to its end or pruned: the loop records its results
+        (lambda: "signal", "stopped", [("pause",)]),  # back to the queue, this worker stops
+        (diverges, "failed", [("fail", "diverged: training diverged at epoch 1, batch 2/4")]),
+        (errs, "failed", [("fail", "OSError: disk full")]),  # in a single process the study goes on
+    ],
+)
+def test_run_trial_says_what_became_of_the_trial_and_records_a_failure_once(train, outcome, calls):
+    evolution = RecordingEvolution()
+    assert run_trial(evolution, object(), train, DistInfo()) == outcome  # "failed": never recorded as a result too
+    assert evolution.calls == calls
