@@ -175,7 +175,8 @@ def open_study(
         name: the study's name (``--name``).
         identity: what the study is: data, search space, N (``generations``), starting hyperparameters.
         first: the first trial's values (the ``--hyp`` yaml's, within the limits).
-        sampler, pruner: Optuna's, for this worker.
+        sampler: Optuna's sampler, for this worker.
+        pruner: Optuna's pruner, for this worker.
         wait: seconds to wait for another worker that is creating the study.
 
     Raises:
