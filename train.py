@@ -28,9 +28,8 @@ from ddp_utils.engine.checkpoint import load_pretrained
 from ddp_utils.engine.optim_setup import optimizer_from_hyp
 from ddp_utils.engine.resume import find_resume, start_state
 from ddp_utils.engine.run import Run, Training, make_run_dir, record_run, start_run
+from ddp_utils.engine.run_records import open_records
 from ddp_utils.engine.run_report import epoch_line, epoch_notes, finish_run, first_batches_plotter
-from ddp_utils.engine.run_saves import RunSaves
-from ddp_utils.engine.trackers import Trackers
 from ddp_utils.progress import set_progress_mode
 from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
@@ -69,31 +68,40 @@ def main(opt: argparse.Namespace) -> None:
     du.init_distributed(device=device)
     finished = False
     try:
-        with options.user_errors():
-            # ---- resume: every reason to refuse is checked before anything is written ----
-            resume = find_resume(opt, info, defaults=vars(parse_opt([])))
-            if resume is not None and resume.finished:  # nothing to do, nothing written
-                finished = True
-                return
-            # ---- data: the data yaml and hyperparameters (loaders follow the model: they need its stride) ----
-            run = start_run(resume.opt if resume else opt, info, device, resume)
-            du.init_seeds(du.rank_seed(run.opt.seed, info.rank), deterministic=run.opt.deterministic)
-            du.set_cudnn_mode(run.opt.deterministic)  # from the flag alone: every rank the same, whatever its seed
-            # ---- model ----
-            run, model, gs = build_model(run, device, info)
-            train_loader, val_loader, dataset = build_loaders(run, info, gs)
-        if resume is None:  # the inputs are good: claim a run directory
-            run = run.replace(save_dir=make_run_dir(opt.project, opt.name, opt.exist_ok, info))
-        record_run(run, info)
-        # ---- optimizer, EMA, loss, DDP ----
-        fit = build_training(run, model, device, info, gs, (train_loader, val_loader, dataset.labels))
-        # ---- epochs, then finish ----
-        train(run, fit, device, info)
+        if opt.evolve:  # YOLOv5's --evolve: trials from a study store, each one train_run (ddp_utils/evolve)
+            from ddp_utils.evolve import evolve  # Optuna's, installed with ddp_utils[evolve]
+
+            evolve(opt, info, device, train_run)
+        else:
+            train_run(opt, info, device)
         finished = True
     except engine.TrainingDiverged as exc:  # every rank alike, after last.pt was saved: one line, no traceback
         options.usage_error(str(exc), code=options.DIVERGED_EXIT_CODE)
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
+
+
+def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, stopper=None) -> str | None:
+    """One run, in the process group main formed: "signal" when a signal stopped it (saved), else None."""
+    with options.user_errors():
+        # ---- resume: every reason to refuse is checked before anything is written ----
+        resume = find_resume(opt, info, defaults=vars(parse_opt([])))
+        if resume is not None and resume.finished:  # nothing to do, nothing written
+            return None
+        # ---- data: the data yaml and hyperparameters (loaders follow the model: they need its stride) ----
+        run = start_run(resume.opt if resume else opt, info, device, resume)
+        du.init_seeds(du.rank_seed(run.opt.seed, info.rank), deterministic=run.opt.deterministic)
+        du.set_cudnn_mode(run.opt.deterministic)  # from the flag alone: every rank the same, whatever its seed
+        # ---- model ----
+        run, model, gs = build_model(run, device, info)
+        train_loader, val_loader, dataset = build_loaders(run, info, gs)
+    if resume is None:  # the inputs are good: claim a run directory
+        run = run.replace(save_dir=make_run_dir(opt.project, opt.name, opt.exist_ok, info))
+    record_run(run, info)
+    # ---- optimizer, EMA, loss, DDP ----
+    fit = build_training(run, model, device, info, gs, (train_loader, val_loader, dataset.labels))
+    # ---- epochs, then finish ----
+    return train(run, fit, device, info, stopper)
 
 
 def build_model(run: Run, device: torch.device, info: du.DistInfo) -> tuple[Run, torch.nn.Module, int]:
@@ -161,15 +169,16 @@ def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs:
     return Training(step, optim.scheduler, train_loader, val_loader, labels, state)
 
 
-def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> dict:
+def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo, stopper=None) -> str | None:
     """The epochs: train, validate, log, save; stop early, on a signal (save, requeue), when steps stay non-finite
     (save the last finite state, raise TrainingDiverged), or at the end.
 
     A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer step, or
-    cuts a validation short: last.pt records the batch, and --resume continues at the next one.
+    cuts a validation short: last.pt records the batch, and --resume continues at the next one. Returns "signal"
+    then, else None; ``stopper`` (an evolve trial's pruning) takes the place of --patience's.
     """
     opt, step = run.opt, fit.step
-    logger, stopper, saves, control, watchdog = open_records(run, fit, info)
+    logger, stopper, saves, control, watchdog = open_records(run, fit, info, stopper)
     stats, stop = None, False
     with watchdog, logger, control:  # an error: the trackers' runs FAILED; a rank that stalls: all end, named
         for epoch in range(fit.state.epoch, run.epochs):
@@ -206,7 +215,7 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo) -> d
         finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not opt.noplots)
         logger.log_weights([saves.checkpoints.best, saves.checkpoints.last])
     logger.close(finished=not stopped)
-    return fit.state.metrics()[0]
+    return control.reason
 
 
 def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, saves, watchdog):
@@ -231,28 +240,6 @@ def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo
         progress=info.is_main,
         on_batch=plot,
     )
-
-
-def open_records(run: Run, fit: Training, info: du.DistInfo) -> tuple:
-    """results.csv, early stopping, the checkpoints (rank 0 writes), the run's control, and its summary line."""
-    params = {"opt": run.options(), "hyp": run.hyp}
-    trackers = Trackers(run.opt.trackers if info.is_main else [], run.save_dir, Path(run.opt.project), params)
-    logger = engine.ResultsLogger(run.save_dir, fit.state.epoch, trackers=trackers, enabled=info.is_main)
-    if run.resume is None and info.is_main and not run.opt.noplots:
-        engine.plot_labels(fit.labels, run.names, run.save_dir)
-    stopper = engine.EarlyStopping(patience=run.opt.patience)
-    if fit.state.best_epoch >= 0:  # a resumed run counts its patience from its best epoch
-        stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
-    checkpoints = engine.Checkpointer(run.save_dir, run.options(), run.hyp, run.opt.save_period, background=True)
-    watchdog = du.distributed.StallWatchdog()  # DDP_UTILS_STALL_TIMEOUT (checked by check_options)
-    settings = options.control_settings(run.opt, info.is_main)  # signals, the save clock (rank 0's)
-    control = engine.StepControl(**settings, watchdog=watchdog, skipped=fit.state.skipped)
-    du.LOGGER.info(
-        f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
-        f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
-        f"{run.epochs} epochs, logging to {run.save_dir}"
-    )
-    return logger, stopper, RunSaves(checkpoints, control, info, watchdog), control, watchdog
 
 
 def validate(run: Run, fit: Training, device: torch.device, epoch: int, control, watchdog) -> tuple:

@@ -152,9 +152,14 @@ def test_train_py_functions_are_short():
 
 
 def test_train_py_main_reads_as_labelled_stages():
+    """main (the launch, the process group's lifetime), then train_run (one run in it: --evolve calls it per trial)."""
     tree = ast.parse(TRAIN.read_text())
-    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
-    lines = TRAIN.read_text().splitlines()[main.lineno - 1 : main.end_lineno]
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    lines = [
+        line
+        for name in ("main", "train_run")
+        for line in TRAIN.read_text().splitlines()[functions[name].lineno - 1 : functions[name].end_lineno]
+    ]
     stages = [re.search(r"# ---- (\w+)", line).group(1) for line in lines if "# ---- " in line]
     assert stages == ["launch", "resume", "data", "model", "optimizer", "epochs"], stages
     assert any(isinstance(node, (ast.For, ast.While)) for node in ast.walk(tree)), "the epoch loop is written out"

@@ -16,6 +16,8 @@ What lives where:
   naming the option), user mistakes as one line; ``run.py``: one training run: the settled options
   (:class:`Run`), the run directory, what its epochs work with (:class:`~ddp_utils.engine.run.Training`);
   ``run_report.py``: the epoch line and its parser, the first batches' plots, the finished run's last words.
+  ``run_saves.py``: a run's saves (:class:`RunSaves`); ``run_records.py``: ``open_records``, what a run keeps
+  while it trains (results.csv, trackers, early stopping, checkpoints, the stall watchdog, its StepControl).
 - ``control.py``: :class:`StepControl`, per step go on / save / stop, the same on every rank (signals, the save
   clock, non-finite steps); ``guard.py``: :class:`NonFiniteGuard` (a non-finite step skipped on the device).
 - ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> a flag).

@@ -1,7 +1,8 @@
 """train.py's command line: its options (YOLOv5's, and ours), their checks, and user mistakes as one line.
 
 - :func:`add_train_options`: every option of train.py (``python train.py --help``), YOLOv5's names and defaults
-  first; :func:`add_yolov5_options`: YOLOv5's options that do nothing here, accepted so its commands run.
+  first; :func:`add_evolve_options`: ``--evolve`` and its settings; :func:`add_yolov5_options`: YOLOv5's
+  options that do nothing here, accepted so its commands run.
 - :func:`validate_options` (raises :class:`OptionError`, a ``ValueError`` naming the option) and
   :func:`check_options` (the same, and the notes a run logs): before any process group or file.
 - :func:`user_errors`: a wrong path, file or value met while starting a run becomes one line and exit code 2
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import signal
 from collections.abc import Iterator
@@ -78,6 +80,7 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     add("--trackers", nargs="+", default=[], choices=TRACKERS, help="also log to MLflow and/or Weights & Biases")
     add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
+    add_evolve_options(parser)
     add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
     # torch.distributed.launch passes --local_rank; the rank always comes from the environment
     add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
@@ -142,12 +145,11 @@ def validate_options(opt: argparse.Namespace, world_size: int) -> None:
         requeue_signal(opt.requeue_signal)
     except ValueError as exc:
         raise OptionError("--requeue-signal", str(exc)) from None
-    if getattr(opt, "evolve", None) is not None:
-        raise OptionError(
-            "--evolve",
-            "--evolve: ddp_utils' train.py does not evolve hyperparameters (YOLOv5's genetic search); run YOLOv5's "
-            "train.py --evolve, or a sweep tool that calls train.py with --hyp",
-        )
+    evolve = getattr(opt, "evolve", None)
+    if evolve is not None and evolve < 1:
+        raise OptionError("--evolve", f"--evolve {evolve}: give the number of trials, at least 1 (bare: 300)")
+    if evolve is not None and importlib.util.find_spec("optuna") is None:
+        raise OptionError("--evolve", "--evolve keeps its trials in an Optuna study: pip install 'ddp_utils[evolve]'")
 
 
 def check_options(opt: argparse.Namespace, world_size: int) -> None:
@@ -175,7 +177,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
 # YOLOv5's train.py options that change nothing here: (attribute, its default, the note when it was given)
 _YOLOV5_ONLY = (
     ("noautoanchor", False, "anchors are the model yaml's (or the checkpoint's): ddp_utils runs no AutoAnchor check"),
-    ("bucket", "", "a gsutil bucket for --evolve, which ddp_utils does not do"),
+    ("bucket", "", "a gsutil bucket for --evolve's evolve.csv: the study store shares it (--evolve-storage)"),
     ("upload_dataset", False, "YOLOv5's Weights & Biases logger option"),
     ("bbox_interval", -1, "YOLOv5's Weights & Biases logger option"),
     ("artifact_alias", "latest", "YOLOv5's Weights & Biases logger option"),
@@ -184,14 +186,30 @@ _YOLOV5_ONLY = (
 )
 
 
+EVOLVE_PRUNERS = ("median", "halving", "off")
+EVOLVE_SAMPLERS = ("yolov5", "tpe")
+
+
+def add_evolve_options(parser: argparse.ArgumentParser) -> None:
+    """``--evolve [N]`` (YOLOv5's: N trials, 300 when bare) and ours that shape it (:mod:`ddp_utils.evolve`)."""
+    add = parser.add_argument
+    add("--evolve", type=int, nargs="?", const=300, metavar="N", help="evolve hyperparameters: N trials (bare: 300)")
+    add("--evolve-storage", metavar="URL", help="the study store (default: sqlite in the evolve directory; "
+        "postgresql://USER@HOST:PORT/DB shares one study between workers on many nodes)")  # fmt: skip
+    add("--evolve-prune", default="median", choices=EVOLVE_PRUNERS, help="stop hopeless trials early (off: as YOLOv5)")
+    add("--evolve-sampler", default="yolov5", choices=EVOLVE_SAMPLERS, help="YOLOv5's mutation, or Optuna's TPE")
+    add("--evolve-hyps", nargs="+", metavar="NAME[=LOW:HIGH]", help="hyperparameters to evolve (default: YOLOv5's)")
+    add("--evolve-heartbeat", type=float, default=60.0, metavar="SECONDS", help="between a trial's heartbeats; a "
+        "worker silent for twice as long is lost, its trial retried")  # fmt: skip
+
+
 def add_yolov5_options(parser: argparse.ArgumentParser) -> None:
     """YOLOv5's train.py options that ddp_utils' does not use, accepted (unlisted in --help) so its commands run.
 
-    :func:`check_options` says in one line what each given one does here (nothing), or refuses it (``--evolve``).
+    :func:`check_options` says in one line what each given one does here (nothing).
     """
     add = parser.add_argument
     add("--noautoanchor", action="store_true", help=argparse.SUPPRESS)
-    add("--evolve", type=int, nargs="?", const=300, help=argparse.SUPPRESS)
     add("--bucket", default="", help=argparse.SUPPRESS)
     add("--entity", default=None, help=argparse.SUPPRESS)
     add("--upload_dataset", "--upload-dataset", nargs="?", const=True, default=False, help=argparse.SUPPRESS)

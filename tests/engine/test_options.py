@@ -65,9 +65,11 @@ def test_every_yolov5_train_option_parses_and_those_that_do_nothing_say_so():
     assert yolov5_option_notes(parse_opt([])) == []  # nothing said when none is given
 
 
-def test_evolve_is_refused_in_one_line_naming_what_to_use():
-    with pytest.raises(ValueError, match=r"^--evolve: ddp_utils' train.py does not evolve hyperparameters"):
-        check_options(parse_opt(["--evolve"]), world_size=1)
+def test_evolve_takes_yolov5s_bare_form_and_refuses_zero_trials_in_one_line():
+    assert parse_opt(["--evolve"]).evolve == 300  # YOLOv5's const
+    check_options(parse_opt(["--evolve", "4"]), world_size=1)
+    with pytest.raises(ValueError, match=r"^--evolve 0: give the number of trials, at least 1"):
+        check_options(parse_opt(["--evolve", "0"]), world_size=1)
 
 
 def test_parse_opt_takes_yolov5s_known_keyword(monkeypatch):

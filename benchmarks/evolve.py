@@ -1,0 +1,202 @@
+"""YOLOv5's serial evolution against ours (pruning, workers in parallel), on the synthetic shapes data.
+
+    python benchmarks/evolve.py --trials 6 --epochs 3 --workers 2 --out benchmarks/results/evolve.json
+
+A base model is trained first (``--pretrain-epochs``, not timed), and both evolutions fine-tune from it, as YOLOv5's
+guide evolves from pretrained weights: from scratch, a few epochs of a CPU-sized run score near zero, and fitness
+would be noise. Then two evolutions of train.py on the same data, the same starting hyperparameters and weights, the
+same seed. The start is the shapes hyp with ``--start`` values over it (default ``lr0=0.002``, a tenth of its
+own): from the shapes hyp as it is, 6 serial trials found nothing above the unmutated first trial (0.07214), and "the
+same best" then says nothing of the search; fine-tuning from lr0 0.002 scores higher at the start (0.0946) and the
+serial run's mutations did beat it. The JSON names each scheme's first trial's fitness (the start, unmutated)
+beside its best, and every trial with the seconds at which it finished.
+
+- **serial** (YOLOv5's scheme): one worker, ``--evolve T --evolve-prune off``: every trial trains to its last epoch,
+  validated only then, one trial after the other: a budget of T x E trial-epochs.
+- **ours**: ``--workers`` workers started with the same command on one study (SQLite in the run directory), the
+  cores split between them, ``--evolve-prune halving``, and as many trials as fit in the same budget of trial-epochs
+  (the study gets 3 x T trials; the table counts what it had spent when it passed the budget, or at its end).
+
+For each: the best fitness found, the wall time, the trial-epochs trained; for ours also the wall time and the
+trial-epochs at which a finished trial first reached the serial run's best fitness. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402
+
+
+def data_yaml(directory: Path, n_train: int, n_val: int) -> Path:
+    """A shapes data yaml whose generator makes the images on first use (as data/shapes.yaml, smaller)."""
+    path = directory / "shapes.yaml"
+    path.write_text(
+        f"path: {directory / 'shapes'}\ntrain: images/train\nval: images/val\n"
+        "names: {0: circle, 1: square, 2: triangle, 3: star}\n"
+        f"n_train: {n_train}\nn_val: {n_val}\nsize: [128, 192]\nseed: 0\nmax_objects: 4\n"
+        "download: ddp_utils.data.synthetic:generate\ntrain_defaults: {hyp: hyp.shapes.yaml}\n"
+    )
+    return path
+
+
+def start_hyp(directory: Path, overrides: list[str]) -> Path:
+    """The shapes hyp with ``KEY=VALUE`` overrides: where both evolutions start."""
+    import yaml
+
+    hyp = yaml.safe_load((REPO / "configs" / "hyps" / "hyp.shapes.yaml").read_text())
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key not in hyp or not value:
+            raise SystemExit(f"--start {item}: give KEY=VALUE with a key of configs/hyps/hyp.shapes.yaml")
+        hyp[key] = float(value)
+    path = directory / "hyp.start.yaml"
+    path.write_text(yaml.safe_dump(hyp, sort_keys=False))
+    return path
+
+
+def command(args: argparse.Namespace, data: Path, project: Path, name: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, str(REPO / "train.py"), "--data", str(data), "--imgsz", str(args.imgsz), "--epochs",
+        str(args.epochs), "--batch-size", str(args.batch_size), "--device", "cpu", "--workers", "1", "--project",
+        str(project), "--name", name, "--seed", str(args.seed), "--progress", "off", *extra,
+    ]  # fmt: skip
+
+
+def run_workers(cmds: list[list[str]], threads: int, log: Path) -> float:
+    """Start every command at once (``threads`` CPU threads each); wait for all; the wall time in seconds."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    start = time.monotonic()
+    procs = []
+    for i, cmd in enumerate(cmds):
+        out = open(log.with_suffix(f".{i}.log"), "w")  # noqa: SIM115 (closed below)
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    for proc, out in procs:
+        proc.wait()
+        out.close()
+        if proc.returncode != 0:
+            raise SystemExit(f"a worker failed (exit {proc.returncode}): see {out.name}")
+    return time.monotonic() - start
+
+
+def fitness(row: dict[str, float]) -> float:
+    return 0.1 * row["metrics/mAP_0.5"] + 0.9 * row["metrics/mAP_0.5:0.95"]
+
+
+def timeline(evolve_dir: Path, started: float) -> list[tuple[float, int, float, bool, int]]:
+    """(seconds from the start, epochs, fitness, pruned, trial number) per finished trial, in the order they
+    finished."""
+    import optuna
+
+    study = optuna.load_study(study_name=evolve_dir.name, storage=f"sqlite:///{evolve_dir / 'study.db'}")
+    rows = {int(r["trial"]): r for r in read_evolve_csv(evolve_dir / "evolve.csv")}
+    done = sorted((t for t in study.trials if t.number in rows), key=lambda t: t.datetime_complete)
+    return [
+        (t.datetime_complete.timestamp() - started, int(rows[t.number]["epochs"]), fitness(rows[t.number]),
+         bool(rows[t.number]["pruned"]), t.number)
+        for t in done
+    ]  # fmt: skip
+
+
+def summarise(events: list[tuple[float, int, float, bool, int]], budget: int, target: float | None) -> dict:
+    """Best fitness, wall time and trial-epochs within ``budget``; when a complete trial first reached ``target``.
+
+    ``wall_s`` is the time the last trial within the budget finished (the study may run on past it). ``start_fitness``
+    is trial 0's (the unmutated start); ``best_trial`` the trial that found the best (0: nothing beat the start).
+    """
+    spent, best, best_trial, wall, reached = 0, 0.0, None, 0.0, None
+    for seconds, epochs, fit, pruned, number in events:
+        if spent >= budget:
+            break
+        spent, wall = spent + epochs, seconds
+        if not pruned:
+            if fit > best:
+                best, best_trial = fit, number
+            if target is not None and reached is None and fit >= target:
+                reached = {"seconds": round(seconds, 1), "trial_epochs": spent}
+    within = [e for e in events if e[0] <= wall]
+    start = [fit for _, _, fit, pruned, number in events if number == 0 and not pruned]
+    return {"best_fitness": best, "best_trial": best_trial, "start_fitness": start[0] if start else None,
+            "wall_s": round(wall, 1), "trial_epochs": spent, "trials": len(within),
+            "pruned": sum(1 for e in within if e[3]), "reached_serial_best": reached,
+            "every_trial": [{"trial": number, "finished_s": round(seconds, 1), "epochs": epochs,
+                             "fitness": round(fit, 5), "pruned": pruned}
+                            for seconds, epochs, fit, pruned, number in events]}  # fmt: skip
+
+
+def shown(value: float | None) -> str:
+    return "pruned" if value is None else f"{value:.5f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=6, help="the serial run's trials (T)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs a trial (E)")
+    parser.add_argument("--workers", type=int, default=2, help="our workers, started together")
+    parser.add_argument("--prune", default="halving", choices=["median", "halving"])
+    parser.add_argument("--imgsz", type=int, default=96)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--n-train", type=int, default=128)
+    parser.add_argument("--n-val", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pretrain-epochs", type=int, default=12, help="the base model's epochs (0: from scratch)")
+    parser.add_argument("--start", nargs="*", default=["lr0=0.002"], help="KEY=VALUE over the shapes hyp: the start")
+    parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="evolve-bench-") as tmp:
+        work = Path(tmp)
+        data = data_yaml(work, args.n_train, args.n_val)
+        make = f"from ddp_utils.data.config import check_dataset; check_dataset('{data}')"  # the images, before a clock
+        subprocess.run([sys.executable, "-c", make], cwd=REPO, check=True, capture_output=True)
+        budget = args.trials * args.epochs
+        weights: tuple[str, ...] = ()
+        if args.pretrain_epochs:
+            base = command(args, data, work, "base")
+            base[base.index("--epochs") + 1] = str(args.pretrain_epochs)
+            run_workers([base], cores, work / "base")
+            weights = ("--weights", str(work / "base" / "weights" / "best.pt"))
+        weights += ("--hyp", str(start_hyp(work, args.start)))
+        serial_cmd = command(
+            args, data, work, "serial", "--evolve", str(args.trials), "--evolve-prune", "off", *weights
+        )
+        t0 = time.time()
+        serial_wall = run_workers([serial_cmd], cores, work / "serial")
+        serial = summarise(timeline(work / "serial", t0), budget, None)
+        serial["run_wall_s"] = round(serial_wall, 1)
+        ours_cmd = command(args, data, work, "ours", "--evolve", str(3 * args.trials), "--evolve-prune", args.prune,
+                           *weights)  # fmt: skip
+        t0 = time.time()
+        ours_wall = run_workers([ours_cmd] * args.workers, max(cores // args.workers, 1), work / "ours")
+        ours = summarise(timeline(work / "ours", t0), budget, serial["best_fitness"])
+        ours["run_wall_s"] = round(ours_wall, 1)  # all 3 x T trials, past the budget
+    setup = {k: v for k, v in vars(args).items() if k != "out"} | {"cores": cores, "budget_trial_epochs": budget}
+    report = {"setup": setup, "serial": serial, "ours": ours}
+    print(json.dumps(report, indent=1))
+    reached = ours["reached_serial_best"]
+    print("\n| scheme | trials (pruned) | trial-epochs | start fitness | best fitness (trial) | wall time "
+          "| reached the serial best at |\n| --- | --- | --- | --- | --- | --- | --- |")  # fmt: skip
+    print(f"| YOLOv5's serial (1 worker, every trial to epoch {args.epochs}) | {serial['trials']} (0) | "
+          f"{serial['trial_epochs']} | {shown(serial['start_fitness'])} | {serial['best_fitness']:.5f} "
+          f"({serial['best_trial']}) | {serial['wall_s']:.0f} s | - |")  # fmt: skip
+    at = f"{reached['seconds']:.0f} s, {reached['trial_epochs']} trial-epochs" if reached else "not reached"
+    print(f"| ours ({args.workers} workers, {args.prune} pruning) | {ours['trials']} ({ours['pruned']}) | "
+          f"{ours['trial_epochs']} | {shown(ours['start_fitness'])} | {ours['best_fitness']:.5f} "
+          f"({ours['best_trial']}) | {ours['wall_s']:.0f} s | {at} |")  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

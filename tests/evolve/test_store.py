@@ -1,0 +1,147 @@
+"""The study store: N slots claimed once each by any number of workers, a stopped trial continued, a lost worker's
+trial failed and retried once, a study made for another evolution refused; on SQLite and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+
+from ddp_utils.evolve.store import (
+    StoreError,
+    check_storage_url,
+    claim,
+    open_storage,
+    open_study,
+    pause,
+    results_count,
+    trial_id,
+)
+from tests.multiproc import REPO_ROOT, collect, describe, free_port, launcher_env
+from tests.workers.evolve_scenarios import identity, study_for
+
+SCENARIOS = "tests.workers.evolve_scenarios"
+POSTGRES_ENV, REQUIRE_POSTGRES = "TEST_POSTGRES_URL", "REQUIRE_POSTGRES"  # no DDP_UTILS_: conftest drops those
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def postgres_url() -> str:
+    """The test server's URL (.ci/postgres starts one), or skip; with $REQUIRE_POSTGRES set, a missing one fails."""
+    url = os.environ.get(POSTGRES_ENV, "")
+    if not url:
+        message = f"no PostgreSQL server for the tests: start one with .ci/postgres and set ${POSTGRES_ENV}"
+        if os.environ.get(REQUIRE_POSTGRES, "").strip() not in ("", "0"):
+            pytest.fail(f"{message} (${REQUIRE_POSTGRES} is set: these tests must run here)", pytrace=False)
+        pytest.skip(message)
+    return url
+
+
+def workers(count: int, *args: str, timeout: float = 120) -> list[dict]:
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "tests.multiproc", *args], cwd=REPO_ROOT, env=launcher_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        for _ in range(count)
+    ]  # fmt: skip
+    done = collect(procs, time.monotonic(), timeout, args[0])
+    assert all(w.returncode == 0 for w in done), describe(done)
+    return [json.loads(w.stdout.strip().splitlines()[-1]) for w in done]
+
+
+def assert_each_slot_once(url: str, name: str, generations: int, count: int) -> None:
+    ran = workers(count, f"{SCENARIOS}:claim_loop", url, name, str(generations), "0.05")
+    numbers = sorted(n for r in ran for n in r["ran"])
+    assert numbers == list(range(generations)), ran  # every trial once, none twice, none more
+    _, study = study_for(url, name, generations)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * generations
+    assert results_count(study) == (generations, generations)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_three_workers_on_one_sqlite_store_run_each_trial_once(tmp_path):
+    assert_each_slot_once(f"sqlite:///{tmp_path / 'study.db'}", "exp", 12, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(150)
+def test_three_workers_on_postgresql_run_each_trial_once():
+    assert_each_slot_once(postgres_url(), f"claims-{os.getpid()}-{time.time_ns()}", 12, 3)
+
+
+def test_a_stopped_trial_goes_back_to_the_queue_and_is_taken_before_new_ones(tmp_path):
+    storage, study = study_for(f"sqlite:///{tmp_path / 'study.db'}", "exp", 3)
+    first = claim(study, storage, "a")
+    value = first.suggest_float("lr0", 1e-5, 0.1)
+    assert first.number == 0 and value == 0.01  # the first trial: the starting values
+    second = claim(study, storage, "a")
+    pause(storage, first)
+    again = claim(study, storage, "b")
+    assert again.number == 0 and again.suggest_float("lr0", 1e-5, 0.1) == value  # its values kept
+    assert {second.number, claim(study, storage, "b").number} == {1, 2}
+    assert claim(study, storage, "b") is None
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_lost_workers_trial_is_failed_once_and_retried_with_its_values_never_a_result(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    (gone,) = workers(1, f"{SCENARIOS}:claim_and_vanish", url, "exp", "2", "1")
+    storage, study = study_for(url, "exp", 2, heartbeat=1)
+    time.sleep(3)  # past the grace period (twice the heartbeat) with no heartbeat
+    taken = [claim(study, storage, "w1"), claim(study, storage, "w2"), claim(study, storage, "w3")]
+    lost = study.trials[gone["claimed"]]
+    assert lost.state == optuna.trial.TrialState.FAIL  # failed by the first claim: one winner
+    retry = next(t for t in study.trials if t.system_attrs.get("failed_trial") == lost.number)
+    assert retry.params == lost.params and retry.user_attrs["dir"] == "/nonexistent/trials/0"
+    assert sorted(t.number for t in taken if t is not None) == [1, retry.number]  # the slot left, and the retry
+    assert taken[2] is None and len(study.trials) == 3  # one retry, not one per worker that saw it
+    assert results_count(study) == (0, 2)  # the failure that was retried is no result and takes no slot
+
+
+def test_a_study_made_for_another_evolution_is_refused_in_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study_for(url, "exp", 3)
+    with pytest.raises(StoreError, match=r"^study 'exp' in sqlite:///.* made with another N \(--evolve\) \(3, now 4\)"):
+        study_for(url, "exp", 4)
+    storage = open_storage(url)
+    other = identity(3) | {"data": {"yaml": "coco.yaml"}}
+    with pytest.raises(StoreError, match=r"was made with another dataset \({'yaml': 'tiny.yaml'}, now {'yaml': 'coco"):
+        open_study(storage, "exp", other, {"lr0": 0.01}, optuna.samplers.RandomSampler(), optuna.pruners.NopPruner())
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("study.db", r"^--evolve-storage study.db: not a database URL; give sqlite:///PATH/study.db or postgresql://"),
+        ("redis://127.0.0.1/0", r"^--evolve-storage redis://127.0.0.1/0: not a database URL"),
+    ],
+)
+def test_a_url_that_is_no_database_is_refused_before_connecting(url, message):
+    with pytest.raises(StoreError, match=message):
+        check_storage_url(url)
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_server_is_one_line_naming_the_url_with_its_password_masked():
+    url = f"postgresql://me:secret@127.0.0.1:{free_port()}/nothing"
+    with pytest.raises(StoreError) as caught:
+        open_storage(url)
+    message = str(caught.value)
+    assert message.startswith(f"--evolve-storage postgresql://me:***@127.0.0.1:{url.split(':')[3]}")
+    assert "cannot open the study store (OperationalError" in message and "secret" not in message
+    assert "\n" not in message
+
+
+def test_heartbeat_ids_are_the_storages(tmp_path):
+    storage, study = study_for(f"sqlite:///{tmp_path / 'study.db'}", "exp", 1)
+    trial = claim(study, storage, "a")
+    assert storage.get_trial(trial_id(trial)).number == trial.number

@@ -1,0 +1,104 @@
+"""One trial: its pruning (against the finished trials, never at the last epoch, on rank 0 only) and its options."""
+
+from __future__ import annotations
+
+import argparse
+
+import optuna
+import pytest
+
+from ddp_utils.distributed import DistInfo
+from ddp_utils.engine import TrainingDiverged
+from ddp_utils.evolve.study import run_trial
+from ddp_utils.evolve.trial import TrialPlan, TrialStopper
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def study_with_good_trials(pruner: optuna.pruners.BasePruner) -> optuna.Study:
+    """Two trials run to their end through the stopper (the pruner records its rungs on the way)."""
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    for value in (0.5, 0.6):
+        trial = study.ask()
+        stopper = TrialStopper(patience=100, epochs=3, trial=trial)
+        assert [stopper(epoch, value - 0.1 * (2 - epoch)) for epoch in range(3)] == [False] * 3
+        study.tell(trial, value)
+    return study
+
+
+@pytest.mark.parametrize(
+    "pruner",
+    [
+        optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, n_min_trials=2),
+        optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
+    ],  # fmt: skip
+)
+def test_a_hopeless_trial_is_pruned_after_its_first_epoch(pruner):
+    study = study_with_good_trials(pruner)
+    trial = study.ask()
+    stopper = TrialStopper(patience=100, epochs=3, trial=trial)
+    assert stopper(0, 0.01) is True and stopper.pruned_at == 1
+    assert study.trials[-1].intermediate_values == {1: 0.01}
+
+
+def test_a_good_trial_goes_on_and_the_last_epoch_is_never_pruned():
+    study = study_with_good_trials(optuna.pruners.MedianPruner(n_startup_trials=2, n_min_trials=2))
+    stopper = TrialStopper(patience=100, epochs=3, trial=study.ask())
+    assert [stopper(e, f) for e, f in enumerate([0.45, 0.52])] == [False, False]
+    assert stopper(2, 0.0) is False and stopper.pruned_at is None  # the end: complete, whatever it scored
+
+
+def test_patience_still_stops_and_other_ranks_or_off_never_prune():
+    study = study_with_good_trials(optuna.pruners.MedianPruner(n_startup_trials=2, n_min_trials=2))
+    assert TrialStopper(patience=100, epochs=3, trial=None)(0, 0.0) is False  # ranks other than 0
+    off = TrialStopper(patience=100, epochs=3, trial=study.ask(), prune=False)
+    assert off(0, 0.0) is False and study.trials[-1].intermediate_values == {}  # neither pruned nor reported
+    patient = TrialStopper(patience=1, epochs=5)
+    assert [patient(e, f) for e, f in enumerate([0.3, 0.2, 0.1])] == [False, True, True]
+
+
+def test_a_trial_is_one_run_of_its_values_in_its_own_directory():
+    opt = argparse.Namespace(evolve=4, hyp=None, project="runs/evolve", name="exp", exist_ok=False, resume=False,
+                             noplots=False, noval=False, epochs=3)  # fmt: skip
+    plan = TrialPlan(2, {"lr0": 0.02}, "runs/evolve/exp/trials/2", "runs/evolve/exp/trials/2/weights/last.pt")
+    run = plan.options(opt, prune=True)
+    assert (run.evolve, run.hyp, run.project, run.name, run.exist_ok) == (None, {"lr0": 0.02}, "runs/evolve/exp/trials",
+                                                                           "2", True)  # fmt: skip
+    assert run.resume == plan.resume and run.noplots and not run.noval and run.epochs == 3
+    assert plan.options(opt, prune=False).noval  # YOLOv5's: only the last epoch validated
+
+
+class RecordingEvolution:
+    """What run_trial asks of the study (rank 0's Evolution): the calls, in order."""
+
+    def __init__(self) -> None:
+        self.storage, self.settings, self.calls = None, argparse.Namespace(heartbeat=0), []
+
+    def fail(self, trial: object, reason: str) -> None:
+        self.calls.append(("fail", reason))
+
+    def pause(self, trial: object) -> None:
+        self.calls.append(("pause",))
+
+
+def diverges() -> None:
+    raise TrainingDiverged("training diverged at epoch 1, batch 2/4")
+
+
+def errs() -> None:
+    raise OSError("disk full")
+
+
+@pytest.mark.parametrize(
+    ("train", "outcome", "calls"),
+    [
+        (lambda: None, "trained", []),  # to its end or pruned: the loop records its results
+        (lambda: "signal", "stopped", [("pause",)]),  # back to the queue, this worker stops
+        (diverges, "failed", [("fail", "diverged: training diverged at epoch 1, batch 2/4")]),
+        (errs, "failed", [("fail", "OSError: disk full")]),  # in a single process the study goes on
+    ],
+)
+def test_run_trial_says_what_became_of_the_trial_and_records_a_failure_once(train, outcome, calls):
+    evolution = RecordingEvolution()
+    assert run_trial(evolution, object(), train, DistInfo()) == outcome  # "failed": never recorded as a result too
+    assert evolution.calls == calls
