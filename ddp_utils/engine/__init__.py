@@ -22,7 +22,8 @@ What lives where:
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
 - ``amp.py``: :func:`train_mode`, how a run computes (fp16/bf16/fp32 autocast, channels_last), the CPU's by its
-  flags; ``memory_format.py``: channels_last where it pays; ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
+  flags; ``memory_format.py``: channels_last where it pays.
+- ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
 
 Writers act on the main process only and return at once elsewhere, so every call can run on
 every rank, except ``increment_path`` (rank 0, then broadcast the directory). ``train.py`` shows

@@ -37,7 +37,7 @@ CPU_BF16_BY_DEFAULT = False
 
 @dataclass(frozen=True)
 class TrainMode:
-    """How a run computes: ``amp`` ("fp16", "bf16" or "off"), the ``channels_last`` layout, and ``why`` (the log's line)."""
+    """How a run computes: ``amp`` ("fp16", "bf16" or "off"), the ``channels_last`` layout, ``why`` (for the log)."""
 
     amp: str
     channels_last: bool
