@@ -8,6 +8,7 @@ number of workers, the rank that draws it, or how often the workers were restart
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -328,7 +329,8 @@ class YoloDataset(Dataset):
             scale = np.repeat(np.array(sizes, np.float32)[:, ::-1], counts, axis=0)  # each row's (w, h)
             centre, half = rows[:, 1:3] * scale, rows[:, 3:5] * (scale / 2)
             rows = np.hstack((rows[:, :1], centre - half, centre + half))
-        return np.split(rows, np.cumsum(counts[:-1]))
+        bounds = [0, *itertools.accumulate(counts)]
+        return [rows[a:b] for a, b in zip(bounds, bounds[1:])]  # np.split's views, without its overhead
 
     def _letterboxed(self, index: int, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Shapes]:
         img, (h0, w0), (h, w) = self.load_image(index)

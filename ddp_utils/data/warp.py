@@ -66,18 +66,18 @@ def perspective_matrix(
     p0, p1 = rng.uniform(-perspective, perspective, 2).tolist()
     angle = rng.uniform(-degrees, degrees)
     zoom = rng.uniform(1 - scale, 1 + scale)
-    rotate = cv2.getRotationMatrix2D(center=(0, 0), angle=angle, scale=zoom)
-    k0, k1 = np.tan(np.deg2rad(rng.uniform(-shear, shear, 2))).tolist()
+    shears = rng.uniform(-shear, shear, 2)
     tx = rng.uniform(0.5 - translate, 0.5 + translate) * out_size[0]
     ty = rng.uniform(0.5 - translate, 0.5 + translate) * out_size[1]
-    alpha, beta = float(rotate[0, 0]), float(rotate[0, 1])
     cx, cy = in_size[0] / 2, in_size[1] / 2
-    if p0 == p1 == beta == k0 == k1 == 0:
+    if p0 == p1 == angle == 0 and not shears.any():
         # Only a zoom and a shift (the usual hyp): each entry of the product below is then at most one
         # product plus one sum, rounded twice as the BLAS rounds it summing in order, so these floats equal
         # it bit for bit (tests/data/test_warp_fast_path.py) and spare a dozen small numpy arrays per
         # sample. Otherwise the product itself: its fused multiply-adds are the BLAS's to choose.
-        return np.array(((alpha, 0.0, tx - alpha * cx), (0.0, alpha, ty - alpha * cy), (0.0, 0.0, 1.0))), zoom
+        return np.array(((zoom, 0.0, tx - zoom * cx), (0.0, zoom, ty - zoom * cy), (0.0, 0.0, 1.0))), zoom
+    rotate = cv2.getRotationMatrix2D(center=(0, 0), angle=angle, scale=zoom)
+    k0, k1 = np.tan(np.deg2rad(shears)).tolist()
     centre = np.eye(3)
     centre[0, 2], centre[1, 2] = -cx, -cy
     persp = np.eye(3)
