@@ -103,7 +103,7 @@ def _xyxy2xywhn_rows(x: np.ndarray, w: float, h: float, clip: bool, eps: float) 
     # loader): the same operations on the same values in the array's dtype (w, h and the bounds, Python numbers
     # there, cast to it as NumPy casts them), so the same bits
     if clip:
-        x = np.clip(x, 0, np.array((w - eps, h - eps, w - eps, h - eps), x.dtype))
+        x = np.minimum(np.maximum(x, 0), np.array((w - eps, h - eps, w - eps, h - eps), x.dtype))  # np.clip
     y = np.empty_like(x)
     size = np.array((w, h), x.dtype)
     np.divide((x[:, :2] + x[:, 2:]) / 2, size, out=y[:, :2])

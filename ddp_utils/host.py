@@ -58,7 +58,7 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags as Linux lists them (x86's ``flags``, Arm's ``Features``), lower case; empty elsewhere.
 
     The flags say what the cores execute, whatever torch was built for: ``avx512_bf16`` and ``amx_bf16``
-    mean the CPU computes bf16 natively (:func:`ddp_utils.engine.amp.cpu_mode` decides from them).
+    mean the CPU computes bf16 natively (:func:`ddp_utils.engine.amp.train_mode` decides from them).
 
     Args:
         cpuinfo: the file to read (a test passes its own).

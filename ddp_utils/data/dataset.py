@@ -328,7 +328,7 @@ class YoloDataset(Dataset):
         if len(rows):
             scale = np.repeat(np.array(sizes, np.float32)[:, ::-1], counts, axis=0)  # each row's (w, h)
             centre, half = rows[:, 1:3] * scale, rows[:, 3:5] * (scale / 2)
-            rows = np.hstack((rows[:, :1], centre - half, centre + half))
+            rows = np.concatenate((rows[:, :1], centre - half, centre + half), 1)
         bounds = [0, *itertools.accumulate(counts)]
         return [rows[a:b] for a, b in zip(bounds, bounds[1:])]  # np.split's views, without its overhead
 
