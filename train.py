@@ -142,7 +142,7 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int) -> tuple:
 def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs: int, data: tuple) -> Training:
     """Optimizer, schedule, EMA, loss and the DDP wrapper; a resumed run's state put back, to the batch."""
     train_loader, val_loader, labels = data
-    channels_last = engine.use_channels_last(device)  # CUDA's convolutions run much faster so; the CPU's do not
+    channels_last = run.channels_last  # on CUDA, and on CPUs whose convolutions run faster so (engine.train_mode)
     if channels_last:  # before the optimizer and DDP, which keep the parameters' layout
         engine.to_channels_last(model)
     if run.resume is None and not run.opt.weights:  # the head's class biases start at the label counts

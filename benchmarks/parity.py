@@ -26,11 +26,19 @@ pickled checkpoints (``torch.load``'s default became ``weights_only=True``):
 AutoAnchor stays on, as a user has it; its verdict is recorded per run (on this data it keeps the
 default anchors: best possible recall 1.000).
 
-Printed: held-out mAP@0.5 and mAP@0.5:0.95 per seed with mean and standard deviation (n - 1), wall
-and CPU time of each run and their ratio ours / YOLOv5, and the per-epoch train losses (box, obj,
-cls; the mean over seeds) of both. Every finished run is written to ``<dir>/results.json`` at once,
-so ``--table`` prints the tables again; a later call with the same settings and ``--dir`` keeps the runs
-found there and adds the missing ones (more ``--seeds``, or the rest of a stopped benchmark).
+Printed: held-out mAP@0.5 and mAP@0.5:0.95 per seed with mean and standard deviation (n - 1); the
+epochs' wall time of each run (from its log, ``parity_timing.py``: a whole process also holds YOLOv5's
+online checks at start and its second validation of best.pt at the end), the whole process's wall and
+CPU time, and the ratios ours / YOLOv5 where both sides ran on the same host; and the per-epoch train
+losses (box, obj, cls; the mean over seeds) of both. The goal (ours' mean mAP@0.5:0.95 within one
+standard deviation of YOLOv5's) is judged over two seeds or more with scores above 0.
+
+Every finished run is written to ``<dir>/results.json`` at once, so ``--table`` prints the tables again.
+Each run carries the key of what produced it: the regime (``setup.description``) and, for YOLOv5, its
+checkout's commit and the interpreter (path, Python and torch versions); for ours, the compute mode
+(``--ours-amp``, resolved as train.py resolves it on this CPU). A later call keeps the runs in ``--dir``
+and in ``--reuse FILE`` whose key is the current one and adds the missing ones: ``--ours-amp bf16
+--reuse benchmarks/results/parity-yolov5n-shapes.json`` trains only our side.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # this checkout's ddp_utils, not another installed copy
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parity_record import finished_run_host, ours_epoch_seconds, side_keys, yolov5_epoch_seconds  # noqa: E402
 
 NBS = 64  # YOLOv5's train.py: nbs = 64, hard-coded
 WARMUP_MIN_ITERS = 100  # YOLOv5's train.py: nw = max(round(warmup_epochs * nb), 100)
@@ -71,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--yolov5", type=Path, help="an ultralytics/yolov5 checkout (v7.0: its train.py needs no ultralytics package)")
     add("--yolov5-python", default=None, help="the interpreter that runs YOLOv5 (its own venv); default: this one")
     add("--ours-only", action="store_true", help="run our side alone (no YOLOv5 checkout needed)")
+    add("--ours-amp", choices=["bf16", "off"], help="our --amp (default: none, train.py's mode for this CPU)")
+    add("--reuse", type=Path, nargs="+", default=[], help="results.json files whose runs with the current key count")
     add("--table", type=Path, help="print the tables of a results.json and exit")
     add("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--seed of each pair of runs")
     add("--epochs", type=int, default=30)
@@ -213,6 +225,7 @@ def run_yolov5(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> 
     log = (run_dir.parent / f"seed{seed}.log").read_text(errors="replace")
     anchors = next((line for line in log.splitlines() if "Best Possible Recall" in line), "")
     result = finished_run(run_dir, wall, cpu)
+    result["epoch_s"] = yolov5_epoch_seconds(log)
     result["autoanchor"] = anchors.split("AutoAnchor:")[-1].replace("\x1b[0m", "").strip()
     return result
 
@@ -224,9 +237,14 @@ def run_ours(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> di
         sys.executable, str(REPO / "train.py"), "--cfg", args.cfg, *common_options(args, inputs, seed),
         "--progress", "off", "--project", str(run_dir.parent), "--name", run_dir.name,
     ]  # fmt: skip
+    command += ["--amp", args.ours_amp] if args.ours_amp else []
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     wall, cpu = timed_run(command, inputs["work"], env, run_dir.parent / f"seed{seed}.log")
-    return finished_run(run_dir, wall, cpu)
+    result = finished_run(run_dir, wall, cpu)
+    log = (run_dir.parent / f"seed{seed}.log").read_text(errors="replace")
+    result["epoch_s"] = ours_epoch_seconds(log, args.n_train)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return result | dict(commit=commit or "unknown")
 
 
 def finished_run(run_dir: Path, wall: float, cpu: float) -> dict[str, Any]:
@@ -236,6 +254,7 @@ def finished_run(run_dir: Path, wall: float, cpu: float) -> dict[str, Any]:
         cpu_s=cpu,
         losses=train_losses(run_dir / "results.csv"),
         weights=str(run_dir / "weights" / "last.pt"),
+        host=finished_run_host(),
     )
 
 
@@ -275,46 +294,51 @@ def report(results: dict[str, Any]) -> str:
     seeds = sorted({int(s) for s in runs}, key=int)
     sides = [side for side in SIDES if all(side in runs[str(s)] for s in seeds)]
     lines = [f"setup: {setup['description']}", ""]
+    for side in sides:  # what made the runs, beyond the regime
+        made = [runs[str(s)][side].get("key", {}) for s in seeds]
+        keys = {json.dumps({k: v for k, v in key.items() if k != "regime"}) for key in made}
+        lines += [f"{side}: {', '.join(sorted(keys))}"]
+    timed = [s for s in seeds if len(sides) == 2 and _same_host(runs[str(s)])]
     for side, reason in results.get("skipped", {}).items():
         lines += [f"{side}: skipped ({reason})", ""]
     header = ["seed"]
     for label in ("mAP@0.5", "mAP@0.5:0.95"):
         header += [f"{side} {label}" for side in sides]
-    header += [f"{side} wall s" for side in sides] + [f"{side} CPU s" for side in sides]
-    if len(sides) == 2:
-        header += ["wall ours/YOLOv5", "CPU ours/YOLOv5"]
+    header += [f"{side} epochs s" for side in sides] + [f"{side} wall s" for side in sides]
+    header += [f"{side} CPU s" for side in sides]
+    if timed:
+        header += ["epochs YOLOv5/ours", "wall ours/YOLOv5", "CPU ours/YOLOv5"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     columns: dict[str, list[float]] = {h: [] for h in header[1:]}
     for seed in seeds:
         run = runs[str(seed)]
         row = [run[side]["scores"][key] for key in ("map50", "map") for side in sides]
+        row += [sum(run[side].get("epoch_s", [])) or float("nan") for side in sides]
         row += [run[side]["wall_s"] for side in sides] + [run[side]["cpu_s"] for side in sides]
-        if len(sides) == 2:
-            row += [run["ours"]["wall_s"] / run["yolov5"]["wall_s"], run["ours"]["cpu_s"] / run["yolov5"]["cpu_s"]]
+        if timed:
+            theirs, ours = run["yolov5"], run["ours"]
+            timed_both = theirs.get("epoch_s") and ours.get("epoch_s")
+            epochs = sum(theirs["epoch_s"]) / sum(ours["epoch_s"]) if timed_both else float("nan")
+            row += [epochs, ours["wall_s"] / theirs["wall_s"], ours["cpu_s"] / theirs["cpu_s"]]
+            row[-3:] = row[-3:] if seed in timed else [float("nan")] * 3
         for h, v in zip(header[1:], row):
-            columns[h].append(v)
+            if v == v:  # not NaN: a figure this run has
+                columns[h].append(v)
         lines.append(f"| {seed} | " + " | ".join(_cell(h, v) for h, v in zip(header[1:], row)) + " |")
-    stats = {h: summary(v) for h, v in columns.items()}
+    stats = {h: summary(v) if v else (float("nan"), float("nan")) for h, v in columns.items()}
     lines.append("| mean | " + " | ".join(_cell(h, stats[h][0]) for h in header[1:]) + " |")
     lines.append("| std | " + " | ".join(_cell(h, stats[h][1]) for h in header[1:]) + " |")
     if len(sides) == 2:
-        (ours, _), (theirs, spread) = stats["ours mAP@0.5:0.95"], stats["yolov5 mAP@0.5:0.95"]
-        met = ours >= theirs - spread
-        lines += [
-            "",
-            f"goal: ours' mean held-out mAP@0.5:0.95 {ours:.3f} >= YOLOv5's mean minus one std "
-            f"{theirs:.3f} - {spread:.3f} = {theirs - spread:.3f}: {'met' if met else 'NOT met'}; "
-            f"wall time ours/YOLOv5 {stats['wall ours/YOLOv5'][0]:.2f} (mean of the per-seed ratios), "
-            f"CPU time {stats['CPU ours/YOLOv5'][0]:.2f}",
-        ]
-        if len(seeds) > 1 and spread > 0:  # a short schedule's question: as steady across seeds, as good on average
-            ours_spread = stats["ours mAP@0.5:0.95"][1]
-            steady = ours_spread <= STEADY_STD_RATIO * spread and ours >= STEADY_MEAN_RATIO * theirs
-            lines.append(
-                f"steadiness over {len(seeds)} seeds: std ours/YOLOv5 {ours_spread:.3f} / {spread:.3f} = "
-                f"{ours_spread / spread:.2f} (at most {STEADY_STD_RATIO}), mean ours/YOLOv5 {ours / theirs:.3f} "
-                f"(at least {STEADY_MEAN_RATIO}): {'met' if steady else 'NOT met'}"
+        lines += ["", goal_line(columns["ours mAP@0.5:0.95"], columns["yolov5 mAP@0.5:0.95"])]
+        if timed:
+            lines[-1] += (
+                f"; on the same host ({len(timed)} seed(s)): epochs' wall time YOLOv5/ours "
+                + (f"{stats['epochs YOLOv5/ours'][0]:.2f}" if columns["epochs YOLOv5/ours"] else "- (no epoch times)")
+                + ", whole process's wall ours/YOLOv5 "
+                f"{stats['wall ours/YOLOv5'][0]:.2f}, CPU {stats['CPU ours/YOLOv5'][0]:.2f} "
+                "(means of the per-seed ratios)"
             )
+        lines += steadiness_lines(columns["ours mAP@0.5:0.95"], columns["yolov5 mAP@0.5:0.95"])
     anchors = {run["yolov5"].get("autoanchor") for run in runs.values() if "yolov5" in run}
     if anchors - {None, ""}:
         lines += ["", "YOLOv5 AutoAnchor: " + " / ".join(sorted(anchors - {None, ""}))]
@@ -330,7 +354,42 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def goal_line(ours: list[float], theirs: list[float]) -> str:
+    """The accuracy goal, judged only over two seeds or more of each side with some score above 0."""
+    if min(len(ours), len(theirs)) < 2 or not any(ours + theirs):
+        why = "fewer than 2 seeds" if min(len(ours), len(theirs)) < 2 else "every score is 0"
+        return f"goal: not judged ({why}: no spread to judge it by)"
+    (mean, _), (their_mean, spread) = summary(ours), summary(theirs)
+    met = mean >= their_mean - spread
+    return (
+        f"goal: ours' mean held-out mAP@0.5:0.95 {mean:.3f} >= YOLOv5's mean minus one std "
+        f"{their_mean:.3f} - {spread:.3f} = {their_mean - spread:.3f}: {'met' if met else 'NOT met'}"
+    )
+
+
+def steadiness_lines(ours: list[float], theirs: list[float]) -> list[str]:
+    """A short schedule's question, over two seeds or more: as steady across seeds as YOLOv5, as good on average."""
+    if min(len(ours), len(theirs)) < 2:
+        return []
+    (mean, ours_spread), (their_mean, spread) = summary(ours), summary(theirs)
+    if spread <= 0 or their_mean <= 0:
+        return []
+    steady = ours_spread <= STEADY_STD_RATIO * spread and mean >= STEADY_MEAN_RATIO * their_mean
+    return [
+        f"steadiness over {len(ours)} seeds: std ours/YOLOv5 {ours_spread:.3f} / {spread:.3f} = "
+        f"{ours_spread / spread:.2f} (at most {STEADY_STD_RATIO}), mean ours/YOLOv5 {mean / their_mean:.3f} "
+        f"(at least {STEADY_MEAN_RATIO}): {'met' if steady else 'NOT met'}"
+    ]
+
+
+def _same_host(run: dict[str, Any]) -> bool:
+    hosts = [run[side].get("host") for side in SIDES]
+    return hosts[0] is not None and hosts[0] == hosts[1]
+
+
 def _cell(header: str, value: float) -> str:
+    if value != value:
+        return "-"
     return f"{value:.0f}" if header.endswith(" s") else f"{value:.2f}" if "/" in header else f"{value:.3f}"
 
 
@@ -352,6 +411,16 @@ def describe(args: argparse.Namespace) -> str:
     )
 
 
+def reusable_runs(results: dict[str, Any], keys: dict[str, dict], seeds: set[str] | None) -> dict[str, dict]:
+    """The runs of ``results`` (of ``seeds``; None: all) whose key is the current key of their side."""
+    found = {}
+    for seed, run in results.get("runs", {}).items():
+        same = {side: r for side, r in run.items() if side in keys and r.get("key") == keys[side]}
+        if same and (seeds is None or seed in seeds):
+            found[seed] = same
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table is not None:
@@ -362,11 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = dict(setup=dict(description=describe(args), args=vars(args) | {"dir": str(args.dir)}))
     results["setup"]["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in results["setup"]["args"].items()}
     results["runs"] = {}
-    if results_file.is_file():  # the runs of the same setup done before: kept (more seeds, or a stopped benchmark)
-        before = json.loads(results_file.read_text())
-        if before.get("setup", {}).get("description") == results["setup"]["description"]:
-            results["runs"] = before["runs"]
-            print(f"parity: keeping the runs of seeds {', '.join(before['runs'])} from {results_file}", flush=True)
+    keys = side_keys(args, results["setup"]["description"])
+    for source in ([results_file] if results_file.is_file() else []) + list(args.reuse):
+        seeds = None if source == results_file else {str(seed) for seed in args.seeds}  # --dir's all, others' asked
+        for seed, run in reusable_runs(json.loads(source.read_text()), keys, seeds).items():
+            kept = results["runs"].setdefault(seed, {})
+            kept.update({side: found for side, found in run.items() if side not in kept})
+            print(f"parity: seed {seed}: keeping the run(s) of {', '.join(run)} from {source}", flush=True)
     if args.ours_only:
         results["skipped"] = {"yolov5": "--ours-only: no YOLOv5 checkout given"}
     runners = {"yolov5": run_yolov5, "ours": run_ours}
@@ -376,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         run: dict[str, Any] = results["runs"].get(str(seed), {})
         for side in (side for side in order if side not in run):
             print(f"parity: seed {seed}: {side} training ...", flush=True)
-            run[side] = runners[side](args, inputs, seed)
+            run[side] = runners[side](args, inputs, seed) | dict(key=keys[side])
             run[side]["scores"] = held_out_scores(run[side]["weights"], inputs["data"], args.imgsz)
             scores, wall = run[side]["scores"], run[side]["wall_s"]
             print(f"parity: seed {seed}: {side}: mAP@0.5 {scores['map50']:.3f} mAP@0.5:0.95 {scores['map']:.3f}, "

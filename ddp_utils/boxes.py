@@ -82,6 +82,8 @@ def xyxy2xywhn(x: Boxes, w: float = 640, h: float = 640, clip: bool = False, eps
         >>> xyxy2xywhn(torch.tensor([[37.5, 50.0, 62.5, 150.0]]), w=100, h=200)
         tensor([[0.5000, 0.5000, 0.2500, 0.5000]])
     """
+    if _plain_rows(x) and {type(w), type(h), type(eps)} <= {int, float}:
+        return _xyxy2xywhn_rows(x, w, h, clip, eps)
     if clip:
         x = clip_boxes(_copy(x), (h - eps, w - eps))
     y = _copy(x)
@@ -89,6 +91,23 @@ def xyxy2xywhn(x: Boxes, w: float = 640, h: float = 640, clip: bool = False, eps
     y[..., 1] = ((x[..., 1] + x[..., 3]) / 2) / h
     y[..., 2] = (x[..., 2] - x[..., 0]) / w
     y[..., 3] = (x[..., 3] - x[..., 1]) / h
+    return y
+
+
+def _plain_rows(x: Boxes) -> bool:
+    return isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[1] == 4 and x.dtype in (np.float32, np.float64)
+
+
+def _xyxy2xywhn_rows(x: np.ndarray, w: float, h: float, clip: bool, eps: float) -> np.ndarray:
+    # xyxy2xywhn of an [n, 4] float array in five NumPy calls instead of some twenty (a cost per sample in the
+    # loader): the same operations on the same values in the array's dtype (w, h and the bounds, Python numbers
+    # there, cast to it as NumPy casts them), so the same bits
+    if clip:
+        x = np.minimum(np.maximum(x, 0), np.array((w - eps, h - eps, w - eps, h - eps), x.dtype))  # np.clip
+    y = np.empty_like(x)
+    size = np.array((w, h), x.dtype)
+    np.divide((x[:, :2] + x[:, 2:]) / 2, size, out=y[:, :2])
+    np.divide(x[:, 2:] - x[:, :2], size, out=y[:, 2:])
     return y
 
 

@@ -1,4 +1,5 @@
-"""What the host has to spare: memory available to new allocations, free disk space, CPU time it queues.
+"""What the host has to spare and what its CPU can do: memory available to new allocations, free disk space,
+CPU time it queues, the CPU's feature flags.
 
 At the bottom of the package: the caches, the batch pool and anything else that sizes itself
 to the machine ask here, so that a test can stand in for the machine in one place.
@@ -53,4 +54,29 @@ def runqueue_seconds() -> float:
         return 0.0
 
 
-__all__ = ["disk_free", "mem_available", "runqueue_seconds"]
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (x86's ``flags``, Arm's ``Features``), lower case; empty elsewhere.
+
+    The flags say what the cores execute, whatever torch was built for: ``avx512_bf16`` and ``amx_bf16``
+    mean the CPU computes bf16 natively (:func:`ddp_utils.engine.amp.train_mode` decides from them).
+
+    Args:
+        cpuinfo: the file to read (a test passes its own).
+
+    Examples:
+        >>> flags = cpu_flags()
+        >>> isinstance(flags, frozenset) and all(flag == flag.lower() for flag in flags)
+        True
+    """
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):  # every core lists the same: the first will do
+                    return frozenset(value.lower().split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+__all__ = ["cpu_flags", "disk_free", "mem_available", "runqueue_seconds"]

@@ -64,17 +64,22 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and "give an ultralytics/yolov5 checkout" in done.stderr
 
 
-def fixture_results(ours_map: list[float], theirs_map: list[float]) -> dict:
+def fixture_results(ours_map: list[float], theirs_map: list[float], hosts: tuple[str, str] = ("h", "h")) -> dict:
     runs = {}
     anchors = "5.90 anchors/target, 1.000 Best Possible Recall (BPR). Current anchors are a good fit"
+    v5_key = dict(regime="fixture", commit="915bbf2", python="/v5/bin/python", python_version="3.11.7", torch="2.14.1")
     for k, (ours, theirs) in enumerate(zip(ours_map, theirs_map)):
         losses = [[0.1, 0.02, 0.04]] * 2
         runs[str(k)] = {
             "yolov5": dict(
-                scores=dict(map50=0.9, map=theirs), wall_s=400.0, cpu_s=300.0, losses=losses, autoanchor=anchors
+                scores=dict(map50=0.9, map=theirs), wall_s=400.0, cpu_s=300.0, losses=losses, autoanchor=anchors,
+                epoch_s=[150.0, 150.0], host=hosts[0], key=v5_key,
             ),
-            "ours": dict(scores=dict(map50=0.95, map=ours), wall_s=300.0, cpu_s=240.0, losses=[[0.12, 0.02, 0.04]] * 2),
-        }
+            "ours": dict(
+                scores=dict(map50=0.95, map=ours), wall_s=300.0, cpu_s=240.0, losses=[[0.12, 0.02, 0.04]] * 2,
+                epoch_s=[60.0, 60.0], host=hosts[1], key=dict(regime="fixture", amp="off", layout="channels_last"),
+            ),
+        }  # fmt: skip
     return dict(setup=dict(description="fixture"), runs=runs)
 
 
@@ -82,10 +87,12 @@ def test_report_gives_mean_std_ratios_the_goal_and_the_loss_curves():
     parity = load_parity()
     text = parity.report(fixture_results([0.81, 0.80, 0.83], [0.80, 0.82, 0.84]))
     rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
-    assert rows["| mean"].startswith("| mean | 0.900 | 0.950 | 0.820 | 0.813 | 400 | 300 | 300 | 240 | 0.75 | 0.80 |")
+    figures = "| 0.900 | 0.950 | 0.820 | 0.813 | 300 | 120 | 400 | 300 | 300 | 240 | 2.50 | 0.75 | 0.80 |"
+    assert rows["| mean"] == "| mean " + figures
     assert rows["| std"].startswith("| std | 0.000 | 0.000 | 0.020 | 0.015 |")
     assert "0.813 >= YOLOv5's mean minus one std 0.820 - 0.020 = 0.800: met" in text
-    assert "wall time ours/YOLOv5 0.75" in text and "Best Possible Recall" in text
+    assert "epochs' wall time YOLOv5/ours 2.50" in text and "whole process's wall ours/YOLOv5 0.75" in text
+    assert "Best Possible Recall" in text and '"commit": "915bbf2"' in text and '"layout": "channels_last"' in text
     assert "| 2 | 0.1000 / 0.0200 / 0.0400 | 0.1200 / 0.0200 / 0.0400 | 1.200 |" in text
     assert "std ours/YOLOv5 0.015 / 0.020 = 0.76 (at most 1.5), mean ours/YOLOv5 0.992 (at least 0.95): met" in text
     assert "NOT met" in parity.report(fixture_results([0.70, 0.71, 0.72], [0.80, 0.82, 0.84]))
@@ -93,6 +100,31 @@ def test_report_gives_mean_std_ratios_the_goal_and_the_loss_curves():
     steadiness = next(line for line in spread.splitlines() if line.startswith("steadiness"))
     assert "= 2.00 (at most 1.5)" in steadiness and "mean ours/YOLOv5 1.000" in steadiness
     assert steadiness.endswith("NOT met")
+
+
+def test_report_judges_no_goal_from_one_seed_or_zero_scores_and_times_only_one_host():
+    parity = load_parity()
+    one = parity.report(fixture_results([0.9], [0.5]))
+    assert "goal: not judged (fewer than 2 seeds" in one and "met" not in one.replace("not judged", "")
+    zeros = parity.report(fixture_results([0.0, 0.0], [0.0, 0.0]))
+    assert "goal: not judged (every score is 0" in zeros and ": met" not in zeros
+    apart = parity.report(fixture_results([0.81, 0.80], [0.80, 0.82], hosts=("AVX512", "AVX2")))
+    assert ": met" in apart and "YOLOv5/ours" not in apart  # scores hold anywhere, times only side by side
+    assert "| mean | 0.900 | 0.950 | 0.810 | 0.805 | 300 | 120 | 400 | 300 | 300 | 240 |" in apart
+
+
+def test_runs_are_reused_only_under_the_same_key():
+    parity = load_parity()
+    results = fixture_results([0.81, 0.80, 0.83], [0.80, 0.82, 0.84])
+    keys = {side: results["runs"]["0"][side]["key"] for side in ("yolov5", "ours")}
+    assert set(parity.reusable_runs(results, keys, None)) == {"0", "1", "2"}
+    assert set(parity.reusable_runs(results, keys, {"1", "7"})) == {"1"}
+    other_commit = {**keys, "yolov5": {**keys["yolov5"], "commit": "abc"}}
+    other_python = {**keys, "yolov5": {**keys["yolov5"], "python_version": "3.12.1"}}
+    for changed in (other_commit, other_python):
+        assert {side for run in parity.reusable_runs(results, changed, None).values() for side in run} == {"ours"}
+    bf16 = {"ours": {**keys["ours"], "amp": "bf16"}}  # --ours-only: no YOLOv5 key at all
+    assert parity.reusable_runs(results, bf16, None) == {}
 
 
 @pytest.mark.slow
@@ -110,7 +142,9 @@ def test_ours_only_end_to_end_then_the_table_again(tmp_path):
     assert again.returncode == 0 and again.stdout.strip() in done.stdout
     # the same settings again: the run is kept, not redone
     kept = run(PARITY, "--ours-only", "--seeds", "3", *TINY, "--dir", str(tmp_path), timeout=120)
-    assert kept.returncode == 0 and "keeping the runs of seeds 3" in kept.stdout and "training" not in kept.stdout
+    assert (
+        kept.returncode == 0 and "seed 3: keeping the run(s) of ours" in kept.stdout and "training" not in kept.stdout
+    )
     assert again.stdout.strip() in kept.stdout
 
 
@@ -123,7 +157,7 @@ def test_both_sides_one_epoch(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run0 = json.loads((tmp_path / "results.json").read_text())["runs"]["0"]
     assert set(run0) == {"yolov5", "ours"} and "Best Possible Recall" in run0["yolov5"]["autoanchor"]
-    assert "wall time ours/YOLOv5" in done.stdout
+    assert "epochs' wall time YOLOv5/ours" in done.stdout and run0["yolov5"]["epoch_s"] and run0["ours"]["epoch_s"]
 
 
 @needs_yolov5

@@ -45,3 +45,20 @@ def test_xywhn2xyxy_keeps_the_boxes_dtype_and_matches_yolov5s_order_to_the_last_
 def test_one_home_old_paths_give_the_same_functions():
     for name in ("xywh2xyxy", "xyxy2xywh", "xywhn2xyxy", "xyxy2xywhn", "xyn2xy", "clip_boxes"):
         assert getattr(ops, name) is getattr(boxes, name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("clip", [False, True])
+def test_xyxy2xywhn_of_rows_equals_the_general_path_bit_for_bit(monkeypatch, dtype, clip):
+    # [n, 4] float arrays take a shortcut (the loader's per-sample cost): the same values as the general path
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        x = rng.uniform(-20, 90, (int(rng.integers(0, 12)), 4)).astype(dtype)
+        w, h = int(rng.integers(16, 80)), float(rng.uniform(16, 80))
+        fast = boxes.xyxy2xywhn(x, w, h, clip=clip, eps=1e-3)
+        with monkeypatch.context() as general:
+            general.setattr(boxes, "_plain_rows", lambda x: False)
+            ref = boxes.xyxy2xywhn(x, w, h, clip=clip, eps=1e-3)
+        assert fast.dtype == ref.dtype == dtype and fast.shape == ref.shape
+        np.testing.assert_array_equal(fast, ref)
+        assert fast.tobytes() == ref.tobytes()

@@ -63,20 +63,32 @@ def perspective_matrix(
     Returns:
         (M 3x3 float64, the drawn zoom factor).
     """
-    center = np.eye(3)
-    center[0, 2], center[1, 2] = -in_size[0] / 2, -in_size[1] / 2
-    persp = np.eye(3)
-    persp[2, 0], persp[2, 1] = rng.uniform(-perspective, perspective, 2)
-    rot = np.eye(3)
+    p0, p1 = rng.uniform(-perspective, perspective, 2).tolist()
     angle = rng.uniform(-degrees, degrees)
     zoom = rng.uniform(1 - scale, 1 + scale)
-    rot[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=angle, scale=zoom)
+    shears = rng.uniform(-shear, shear, 2)
+    tx = rng.uniform(0.5 - translate, 0.5 + translate) * out_size[0]
+    ty = rng.uniform(0.5 - translate, 0.5 + translate) * out_size[1]
+    cx, cy = in_size[0] / 2, in_size[1] / 2
+    if p0 == p1 == angle == 0 and not shears.any():
+        # Only a zoom and a shift (the usual hyp): each entry of the product below is then at most one
+        # product plus one sum, rounded twice as the BLAS rounds it summing in order, so these floats equal
+        # it bit for bit (tests/data/test_warp_fast_path.py) and spare a dozen small numpy arrays per
+        # sample. Otherwise the product itself: its fused multiply-adds are the BLAS's to choose.
+        return np.array(((zoom, 0.0, tx - zoom * cx), (0.0, zoom, ty - zoom * cy), (0.0, 0.0, 1.0))), zoom
+    rotate = cv2.getRotationMatrix2D(center=(0, 0), angle=angle, scale=zoom)
+    k0, k1 = np.tan(np.deg2rad(shears)).tolist()
+    centre = np.eye(3)
+    centre[0, 2], centre[1, 2] = -cx, -cy
+    persp = np.eye(3)
+    persp[2, 0], persp[2, 1] = p0, p1
+    rot = np.eye(3)
+    rot[:2] = rotate
     shr = np.eye(3)
-    shr[0, 1], shr[1, 0] = np.tan(np.deg2rad(rng.uniform(-shear, shear, 2)))
+    shr[0, 1], shr[1, 0] = k0, k1
     shift = np.eye(3)
-    shift[0, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * out_size[0]
-    shift[1, 2] = rng.uniform(0.5 - translate, 0.5 + translate) * out_size[1]
-    return shift @ shr @ rot @ persp @ center, zoom
+    shift[0, 2], shift[1, 2] = tx, ty
+    return shift @ shr @ rot @ persp @ centre, zoom
 
 
 def transform_boxes(boxes: np.ndarray, m: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -90,6 +102,12 @@ def transform_boxes(boxes: np.ndarray, m: np.ndarray, width: int, height: int) -
     n = len(boxes)
     if n == 0:
         return boxes.reshape(0, 4).astype(np.float32)
+    if _zoom_and_shift(m):  # corners stay corners: map the two and clip
+        out = np.empty((n, 4), np.float32)
+        # np.clip's arithmetic by its two ufuncs: np.clip wraps them in Python at a few microseconds a call
+        np.minimum(np.maximum(boxes[:, 0::2] * m[0, 0] + m[0, 2], 0), width, out=out[:, 0::2])
+        np.minimum(np.maximum(boxes[:, 1::2] * m[1, 1] + m[1, 2], 0), height, out=out[:, 1::2])
+        return out
     corners = np.ones((n * 4, 3))
     corners[:, :2] = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n * 4, 2)  # x1y1, x2y2, x1y2, x2y1
     corners = corners @ m.T
@@ -131,6 +149,36 @@ def _warp_into(dst: np.ndarray, src: np.ndarray, m: np.ndarray) -> None:
         cv2.warpPerspective(src, local, size, dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
     else:
         cv2.warpAffine(src, local[:2], size, dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
+
+
+def _place_tile(
+    dst: np.ndarray,
+    img: np.ndarray,
+    m: np.ndarray,
+    size: tuple[int, int],
+    crop: tuple[int, int, int, int],
+    offset: tuple[int, int],
+) -> None:
+    # _warp_into(dst, *_tile_source(...)) for a zoom-and-shift m, in floats: the same matrix (m @ shift @ place,
+    # summed in the same order) and the same region, without a dozen small numpy arrays per tile
+    (h, w), (x1b, y1b, x2b, y2b), (dx, dy) = size, crop, offset
+    a, tx, b, ty = float(m[0, 0]), float(m[0, 2]), float(m[1, 1]), float(m[1, 2])
+    rows, cols = img.shape[:2]
+    if (rows, cols) == (h, w):
+        src, sx, px, sy, py = img[y1b:y2b, x1b:x2b], 1.0, float(x1b), 1.0, float(y1b)
+    else:
+        sx, sy = w / cols, h / rows
+        c1, r1 = int(x1b / sx), int(y1b / sy)
+        src = img[r1 : min(math.ceil(y2b / sy), rows), c1 : min(math.ceil(x2b / sx), cols)]
+        px, py = sx * (c1 + 0.5) - 0.5, sy * (r1 + 0.5) - 0.5
+    ax, bx = a * sx, a * px + (a * dx + tx)  # the tile's pixel u lands at ax * u + bx
+    ay, by = b * sy, b * py + (b * dy + ty)
+    x0, y0 = max(math.floor(bx) - 1, 0), max(math.floor(by) - 1, 0)
+    x1 = min(math.ceil(ax * src.shape[1] + bx) + 1, dst.shape[1])
+    y1 = min(math.ceil(ay * src.shape[0] + by) + 1, dst.shape[0])
+    if x1 > x0 and y1 > y0:
+        local = np.array(((ax, 0.0, bx - x0), (0.0, ay, by - y0)))
+        cv2.warpAffine(src, local, (x1 - x0, y1 - y0), dst=dst[y0:y1, x0:x1], borderMode=cv2.BORDER_TRANSPARENT)
 
 
 def _filter_boxes(labels: np.ndarray, before: np.ndarray, after: np.ndarray, zoom: float, area_thr: float):
@@ -268,22 +316,25 @@ def mosaic4(
         hyp.get("perspective", 0.0),
     )
     out = np.full((out_h, out_w, 3), PAD_COLOR[0], dtype=np.uint8)
+    affine = _zoom_and_shift(m)  # the usual hyp: each tile's matrix and where it lands in a few float operations
     placed = []
     for k, (img, lab) in enumerate(zip(images, labels)):
         h, w = sizes[k] if sizes is not None else img.shape[:2]
         x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
+        dx, dy = x1a - x1b, y1a - y1b
         if x2b > x1b and y2b > y1b and _lands_in(m, x1a, y1a, x1a + x2b - x1b, y1a + y2b - y1b, out_w, out_h):
             if callable(img):
                 img = img()
-            src, place = _tile_source(img, h, w, x1b, y1b, x2b, y2b)
-            shift = np.array([[1, 0, x1a - x1b], [0, 1, y1a - y1b], [0, 0, 1]], np.float64)
-            _warp_into(out, src, m @ shift @ place)
-        lab = lab.copy()
-        lab[:, [1, 3]] += x1a - x1b
-        lab[:, [2, 4]] += y1a - y1b
-        placed.append(lab)
+            if affine:
+                _place_tile(out, img, m, (h, w), (x1b, y1b, x2b, y2b), (dx, dy))
+            else:
+                src, place = _tile_source(img, h, w, x1b, y1b, x2b, y2b)
+                shift = np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
+                _warp_into(out, src, m @ shift @ place)
+        placed.append(lab + np.array((0, dx, dy, dx, dy), lab.dtype) if len(lab) else lab)
     canvas_labels = np.concatenate(placed, 0) if placed else np.zeros((0, 5), np.float32)
-    canvas_labels[:, 1:5] = canvas_labels[:, 1:5].clip(0, s2)
+    corners = canvas_labels[:, 1:5]
+    np.minimum(np.maximum(corners, 0, out=corners), s2, out=corners)  # np.clip(corners, 0, s2), in place
     after = transform_boxes(canvas_labels[:, 1:5], m, out_w, out_h)
     return out, _filter_boxes(canvas_labels, canvas_labels[:, 1:5], after, zoom, 0.1)
 

@@ -23,7 +23,9 @@ What lives where:
 - ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> a flag).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
-- ``memory_format.py``: channels_last on CUDA; ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
+- ``amp.py``: :func:`train_mode`, how a run computes (fp16/bf16/fp32 autocast, channels_last), the CPU's by its
+  flags; ``memory_format.py``: channels_last where it pays.
+- ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
 
 Writers act on the main process only and return at once elsewhere, so every call can run on
 every rank, except ``increment_path`` (rank 0, then broadcast the directory). ``train.py`` shows
@@ -31,7 +33,7 @@ them composed into a run.
 """
 
 from ..distributed.parallel import de_parallel, is_parallel
-from .amp import AMP_DTYPES, resolve_amp
+from .amp import AMP_DTYPES, TrainMode, resolve_amp, train_mode
 from .autobatch import autobatch, check_train_batch_size, fit_batch_size
 from .checkpoint import (
     CHECKPOINT_KEYS,
@@ -86,12 +88,14 @@ __all__ = [
     "StepControl",
     "TrainingDiverged",
     "EpochStats",
+    "TrainMode",
     "TrainStep",
     "autobatch",
     "check_train_batch_size",
     "fit_batch_size",
     "resolve_amp",
     "to_channels_last",
+    "train_mode",
     "train_one_epoch",
     "use_channels_last",
     "wrap_model",

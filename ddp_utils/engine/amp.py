@@ -1,39 +1,146 @@
-"""Mixed precision: which autocast dtype a run trains with on its device."""
+"""Mixed precision and memory layout: how a run computes on its device, and why.
+
+On CUDA: fp16 autocast with a GradScaler by default, channels_last. On the CPU the choice follows
+what the cores can do (:func:`train_mode`):
+
+- bf16 autocast pays only where the CPU computes bf16 natively (``avx512_bf16``: Intel Cooper Lake,
+  AMD Zen 4 and later; ``amx_bf16``: Intel Sapphire Rapids and later). There oneDNN's bf16
+  convolutions ran a yolov5n step about 1.6x as fast as fp32 (2x with channels_last). Without them
+  torch falls back to its reference convolution: measured on an AVX2 host (AMD EPYC, 1 thread,
+  yolov5n, 160 px, batch 16), a forward and backward took 5.3 s in bf16 against 0.6 s in fp32.
+- channels_last pays where oneDNN runs the convolutions (x86 with AVX2 or more): 1.2-1.3x in fp32
+  (:func:`~ddp_utils.engine.memory_format.use_channels_last`).
+
+Either way the weights, their gradients, the optimizer's state, the EMA, BatchNorm's running
+statistics and the loss stay fp32: autocast only computes the convolutions (and what follows
+them up to the next fp32 op) in bf16, as CUDA AMP does in fp16.
+"""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Collection
+from dataclasses import dataclass
 
 import torch
 
+from ..host import cpu_flags
 from ..log import LOGGER
+from .memory_format import use_channels_last
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names
+# bf16 becomes the CPU's default where it is native only once benchmarks/parity.py has shown, over seeds on
+# such a CPU, that it learns as fp32 does; docs/cpu.md says what has been measured so far
+CPU_BF16_BY_DEFAULT = False
+
+
+@dataclass(frozen=True)
+class TrainMode:
+    """How a run computes: ``amp`` ("fp16", "bf16" or "off"), the ``channels_last`` layout, ``why`` (for the log)."""
+
+    amp: str
+    channels_last: bool
+    why: str
 
 
 def resolve_amp(amp: str | None, device: torch.device) -> str:
-    """The mixed precision to train with: ``amp`` as asked, else fp16 on CUDA and off elsewhere.
+    """The mixed precision to train with: ``amp`` as asked, else fp16 on CUDA and the CPU's mode elsewhere.
 
-    bf16 on a GPU without native bf16 (before Ampere) is emulated, slower than fp32: a warning says so.
+    bf16 on a GPU without native bf16 (before Ampere), or on a CPU without it, is emulated and slower
+    than fp32: a warning says so.
 
     Raises:
         ValueError: an unknown choice, or fp16 on a device without fp16 autocast (the CPU).
 
     Examples:
-        >>> resolve_amp(None, torch.device("cpu")), resolve_amp("bf16", torch.device("cpu"))
-        ('off', 'bf16')
+        >>> resolve_amp("off", torch.device("cpu")), resolve_amp(None, torch.device("cuda"))
+        ('off', 'fp16')
     """
-    if amp is None:
-        return "fp16" if device.type == "cuda" else "off"
-    if amp not in AMP_DTYPES:
+    return train_mode(amp, device).amp
+
+
+def train_mode(
+    amp: str | None,
+    device: torch.device | str,
+    *,
+    channels_last: bool | None = None,
+    flags: Collection[str] | None = None,
+    bf16_by_default: bool = CPU_BF16_BY_DEFAULT,
+) -> TrainMode:
+    """How to train on ``device``: the autocast dtype and the memory layout, with the reason in words.
+
+    Without ``amp`` (``--amp`` not given): fp16 and channels_last on CUDA; on the CPU, channels_last
+    where oneDNN runs the convolutions, and bf16 autocast where the CPU computes bf16 natively and
+    ``bf16_by_default``. ``--amp off`` on the CPU is the exact fp32 path: fp32 and NCHW, as YOLOv5
+    computes. ``--amp bf16`` on the CPU adds channels_last where it pays.
+
+    Args:
+        amp: "fp16", "bf16", "off", or None for the device's default.
+        device: where the run trains.
+        channels_last: the layout a resumed run recorded (kept, so it continues as it began); None: decide.
+        flags: the CPU's feature flags (default: :func:`ddp_utils.host.cpu_flags`); a test passes its own.
+        bf16_by_default: make bf16 the CPU's default where it is native (see :data:`CPU_BF16_BY_DEFAULT`).
+
+    Raises:
+        ValueError: an unknown ``amp``, or fp16 on the CPU.
+
+    Examples:
+        >>> mode = train_mode(None, "cpu", flags={"avx2", "avx512_bf16"}, bf16_by_default=True)
+        >>> mode.amp, mode.channels_last
+        ('bf16', True)
+        >>> train_mode(None, "cpu", flags={"avx2"}).amp, train_mode("off", "cpu", flags={"avx2"}).channels_last
+        ('off', False)
+    """
+    device = torch.device(device)
+    if amp is not None and amp not in AMP_DTYPES:
         raise ValueError(f"--amp {amp}: choose one of {', '.join(AMP_DTYPES)}")
-    if amp == "fp16" and device.type == "cpu":
+    if device.type != "cpu":
+        amp = amp or ("fp16" if device.type == "cuda" else "off")
+        if amp == "bf16" and device.type == "cuda" and not _native_bf16():
+            LOGGER.warning(
+                f"--amp bf16: {device} has no native bf16 (it is emulated, slower than fp32); use --amp fp16 there"
+            )
+        layout = use_channels_last(device) if channels_last is None else channels_last
+        return TrainMode(amp, layout, f"{device}: amp {amp}, {'channels_last' if layout else 'NCHW'}")
+    if amp == "fp16":
         raise ValueError("--amp fp16 needs a CUDA device: use --amp bf16 or --amp off on the CPU")
-    if amp == "bf16" and device.type == "cuda" and not _native_bf16():
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    native = [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+    pays = use_channels_last(device, flags)
+    if amp is None:
+        amp = "bf16" if native and bf16_by_default else "off"
+        layout = pays if channels_last is None else channels_last
+        return TrainMode(amp, layout, _why_default(amp, layout, native))
+    if amp == "off":
+        layout = False if channels_last is None else channels_last
+        return TrainMode(amp, layout, f"CPU: --amp off: fp32 in {'channels_last' if layout else 'NCHW'}")
+    layout = pays if channels_last is None else channels_last
+    if not native:
         LOGGER.warning(
-            f"--amp bf16: {device} has no native bf16 (it is emulated, slower than fp32); use --amp fp16 there"
+            "--amp bf16: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag): torch emulates its "
+            "convolutions, about 9x slower than fp32 (docs/cpu.md); leave --amp out for the CPU's fastest mode"
         )
-    return amp
+    return TrainMode(amp, layout, f"CPU: --amp bf16: bf16 autocast ({_native_words(native)}), {_layout(layout)}")
+
+
+def _why_default(amp: str, channels_last: bool, native: list[str]) -> str:
+    if amp == "bf16":
+        return f"CPU: bf16 autocast ({_native_words(native)}), {_layout(channels_last)}; --amp off: fp32 and NCHW"
+    if native:  # the gate (CPU_BF16_BY_DEFAULT) is closed
+        return (
+            f"CPU: fp32, {_layout(channels_last)}; it computes bf16 natively ({', '.join(native)}): --amp bf16 "
+            "trains about 2x as fast, its accuracy against fp32 over seeds not yet shown (docs/cpu.md)"
+        )
+    return f"CPU: fp32 (no native bf16: no avx512_bf16 or amx_bf16 flag), {_layout(channels_last)}"
+
+
+def _native_words(native: list[str]) -> str:
+    return f"native: {', '.join(native)}" if native else "emulated: no avx512_bf16 or amx_bf16 flag"
+
+
+def _layout(channels_last: bool) -> str:
+    return "channels_last (oneDNN's NHWC convolutions)" if channels_last else "NCHW (channels_last would not pay here)"
 
 
 def _native_bf16() -> bool:

@@ -22,7 +22,7 @@ from ..data.loader import EpochLoader
 from ..distributed import DistInfo, broadcast_object, launch_key
 from ..hyp import load_hyp
 from ..log import LOGGER
-from .amp import resolve_amp
+from .amp import train_mode
 from .loggers import increment_path, yaml_save
 from .loop import TrainStep
 from .resume import Resume, gather_losses
@@ -50,10 +50,12 @@ class Run:
     imgsz: int | None = None
     batch_size: int | None = None
     resume: Resume | None = None
+    channels_last: bool = False
 
     def options(self) -> dict[str, Any]:
         """The options as this run uses them (``opt.yaml``; a resume reads them back)."""
         settled = dict(epochs=self.epochs, hyp=self.hyp_source, amp=self.amp, imgsz=self.imgsz)
+        settled["channels_last"] = self.channels_last  # with amp, how it computes: a resume continues alike
         where = dict(batch_size=self.batch_size, run_key=self.run_key, save_dir=str(self.save_dir))
         return {**vars(self.opt), **settled, **where}
 
@@ -64,7 +66,8 @@ class Run:
 
 def start_run(opt: argparse.Namespace, info: DistInfo, device: Any, resume: Resume | None) -> Run:
     """Settle the data and hyperparameters: the data yaml (the node's first process downloads or
-    generates the data), its ``train_defaults`` for what the command line left open, mixed precision.
+    generates the data), its ``train_defaults`` for what the command line left open, mixed precision
+    and memory layout (:func:`~ddp_utils.engine.amp.train_mode`: the CPU's by its flags; the log says why).
 
     Raises:
         FileNotFoundError, ValueError: a data or hyperparameter yaml that is missing or wrong (one line).
@@ -75,6 +78,8 @@ def start_run(opt: argparse.Namespace, info: DistInfo, device: Any, resume: Resu
     hyp = load_hyp(hyp_source) if isinstance(hyp_source, str) else dict(hyp_source)  # what the run uses, unchanged
     nc = 1 if opt.single_cls else int(data["nc"])
     names = {0: "item"} if opt.single_cls and len(data["names"]) != 1 else data["names"]
+    mode = train_mode(opt.amp, device, channels_last=getattr(opt, "channels_last", None))  # recorded: a resume's
+    LOGGER.info(f"compute: {mode.why}")
     return Run(
         opt=opt,
         save_dir=resume.save_dir if resume else None,
@@ -83,12 +88,13 @@ def start_run(opt: argparse.Namespace, info: DistInfo, device: Any, resume: Resu
         hyp=hyp,
         hyp_source=hyp_source,
         epochs=opt.epochs or defaults.get("epochs", 100),
-        amp=resolve_amp(opt.amp, device),
+        amp=mode.amp,
         nc=nc,
         names=names,
         imgsz=opt.imgsz or defaults.get("imgsz", 640),
         batch_size=opt.batch_size,
         resume=resume,
+        channels_last=mode.channels_last,
     )
 
 

@@ -1,16 +1,36 @@
-"""resolve_amp: bf16 on a GPU that only emulates it gets a warning."""
+"""How a run computes: bf16 on a GPU or CPU that only emulates it warns; the CPU's mode by its flags (faked here,
+so the answers hold on any CI machine); bf16 steps keep the weights, optimizer, EMA and BatchNorm statistics fp32."""
 
 from __future__ import annotations
 
 import importlib
 import logging
 
+import pytest
 import torch
+from torch import nn
 
-from ddp_utils.engine import resolve_amp
+from ddp_utils.engine import ModelEMA, TrainStep, resolve_amp, to_channels_last, train_mode
 
 amp_module = importlib.import_module("ddp_utils.engine.amp")
+layout_module = importlib.import_module("ddp_utils.engine.memory_format")
 GPU = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})  # an AVX2 server: no bf16 in the cores
+BF16 = AVX2 | {"avx512f", "avx512_bf16"}  # Cooper Lake, Zen 4
+AMX = AVX2 | {"avx512f", "amx_bf16", "amx_tile"}  # Sapphire Rapids
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch):
+    """Make this machine's CPU report ``flags`` to the mode's decision."""
+
+    def fake(flags):
+        monkeypatch.setattr(amp_module, "cpu_flags", lambda: frozenset(flags))
+        monkeypatch.setattr(layout_module, "cpu_flags", lambda: frozenset(flags))
+
+    return fake
 
 
 def test_bf16_on_a_gpu_without_native_bf16_warns(monkeypatch, caplog):
@@ -21,11 +41,111 @@ def test_bf16_on_a_gpu_without_native_bf16_warns(monkeypatch, caplog):
     assert "no native bf16" in caplog.text and "cuda:0" in caplog.text
 
 
-def test_bf16_on_a_native_gpu_or_the_cpu_says_nothing(monkeypatch, caplog):
+def test_bf16_on_a_native_gpu_or_cpu_says_nothing(monkeypatch, caplog, fake_cpu):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    fake_cpu(BF16)
     with caplog.at_level(logging.WARNING, logger="ddp_utils"):
         assert resolve_amp("bf16", GPU) == "bf16"
-        assert resolve_amp("bf16", torch.device("cpu")) == "bf16"
+        assert resolve_amp("bf16", CPU) == "bf16"
         assert resolve_amp(None, GPU) == "fp16"
     assert "bf16" not in caplog.text
     assert amp_module._native_bf16()
+    assert train_mode(None, GPU) == amp_module.TrainMode("fp16", True, "cuda:0: amp fp16, channels_last")
+
+
+@needs_onednn
+@pytest.mark.parametrize("flags,native", [(BF16, "avx512_bf16"), (AMX, "amx_bf16")])
+def test_a_cpu_with_native_bf16_gets_bf16_and_channels_last_once_the_gate_opens(fake_cpu, flags, native):
+    fake_cpu(flags)
+    opened = train_mode(None, CPU, bf16_by_default=True)
+    assert (opened.amp, opened.channels_last) == ("bf16", True) and f"native: {native}" in opened.why
+    assert "--amp off: fp32 and NCHW" in opened.why
+    gated = train_mode(None, CPU)  # the default: closed until parity over seeds on such a CPU says otherwise
+    assert (gated.amp, gated.channels_last) == ("off" if not amp_module.CPU_BF16_BY_DEFAULT else "bf16", True)
+    if not amp_module.CPU_BF16_BY_DEFAULT:
+        assert f"computes bf16 natively ({native}): --amp bf16" in gated.why
+
+
+@needs_onednn
+def test_a_cpu_without_native_bf16_keeps_fp32_and_warns_when_bf16_is_asked(fake_cpu, caplog):
+    fake_cpu(AVX2)
+    for gate in (False, True):
+        mode = train_mode(None, CPU, bf16_by_default=gate)
+        assert (mode.amp, mode.channels_last) == ("off", True) and "no native bf16" in mode.why
+    assert resolve_amp(None, CPU) == "off"
+    with caplog.at_level(logging.WARNING, logger="ddp_utils"):
+        asked = train_mode("bf16", CPU)
+    assert (asked.amp, asked.channels_last) == ("bf16", True)
+    assert "this CPU has no native bf16" in caplog.text and "9x slower" in caplog.text
+
+
+def test_amp_off_is_yolov5s_fp32_nchw_and_a_resume_keeps_its_recorded_layout(fake_cpu):
+    fake_cpu(BF16)
+    assert train_mode("off", CPU) == amp_module.TrainMode("off", False, "CPU: --amp off: fp32 in NCHW")
+    assert train_mode("off", CPU, channels_last=True).channels_last  # a resumed auto-mode run (amp settled to off)
+    assert not train_mode(None, CPU, channels_last=False).channels_last  # one begun before channels_last on CPU
+    assert not train_mode(None, GPU, channels_last=False).channels_last
+
+
+def test_channels_last_only_where_onednn_runs_the_convolutions(fake_cpu):
+    fake_cpu({"fp", "asimd", "bf16"})  # Arm: unmeasured there, so NCHW as before; and no x86 bf16 flag
+    mode = train_mode(None, CPU, bf16_by_default=True)
+    assert (mode.amp, mode.channels_last) == ("off", False) and "NCHW" in mode.why
+    assert not layout_module.use_channels_last("cpu", flags={"sse4_2", "avx"})  # x86 before AVX2
+    assert layout_module.use_channels_last("cpu", flags=AVX2) == torch.backends.mkldnn.is_available()
+
+
+def test_bad_choices_are_refused_naming_the_option():
+    with pytest.raises(ValueError, match="--amp fp8: choose one of fp16, bf16, off"):
+        train_mode("fp8", CPU)
+    with pytest.raises(ValueError, match="--amp fp16 needs a CUDA device"):
+        train_mode("fp16", CPU, flags=BF16)
+
+
+class TinyDetector(nn.Module):
+    """Conv, BatchNorm, SiLU, conv: what autocast puts in bf16 and what it must not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.SiLU())
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def fp32_loss(pred: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    loss = pred.float().square().mean() + 0 * targets.sum()  # the detector's loss casts to fp32 as ComputeLoss does
+    return loss, loss.detach().repeat(3)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bf16_steps_keep_fp32_weights_optimizer_ema_and_batchnorm_statistics(channels_last):
+    torch.manual_seed(0)
+    model = TinyDetector()
+    if channels_last:
+        to_channels_last(model)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ema = ModelEMA(model)
+    scaler = torch.amp.GradScaler("cuda", enabled=False)  # as train.py: a scaler only for fp16
+    step = TrainStep(model, optimizer, scaler, ema, fp32_loss, amp="bf16", channels_last=channels_last)
+    seen = {}
+    model.body[1].register_forward_hook(lambda m, i, o: seen.update(bn_in=i[0].dtype))
+    model.head.register_forward_hook(lambda m, i, o: seen.update(head_out=o.dtype))
+    images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+    for ni in range(3):
+        items = step(step.prepare(images, CPU), torch.zeros(1, 6), ni, 0)
+    assert seen == {"bn_in": torch.bfloat16, "head_out": torch.bfloat16}  # autocast did compute in bf16
+    assert items.dtype == torch.float32 and step.optimizer_steps == 3
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float32 and not torch.equal(p, before[name]), name  # fp32 master weights, updated
+        assert optimizer.state[p]["momentum_buffer"].dtype == torch.float32
+    assert all(t.dtype == torch.float32 for t in ema.ema.state_dict().values() if t.is_floating_point())
+    bn = model.body[1]
+    assert bn.running_mean.dtype == bn.running_var.dtype == torch.float32 and bn.num_batches_tracked == 3
+    assert not torch.equal(bn.running_var, torch.ones(8))  # the statistics moved, in fp32
+    flat = step.guard.stats.flat  # the non-finite guard's one tensor: the buffers still view into it
+    assert flat.dtype == torch.float32 and bn.running_mean.data_ptr() in range(flat.data_ptr(), flat.data_ptr() + 64)
+    if channels_last:
+        assert model.body[0].weight.is_contiguous(memory_format=torch.channels_last)

@@ -1,4 +1,4 @@
-"""channels_last: the policy per device, and a detector's outputs unchanged by the layout (CPU)."""
+"""channels_last: the policy per device (the CPU's by its flags), a detector's outputs unchanged by the layout (CPU)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from ddp_utils.engine.memory_format import to_channels_last, use_channels_last
 from ddp_utils.yolo import Model, load_model_yaml
 
 
-def test_policy_is_cuda_only():
+def test_policy_cuda_always_the_cpu_where_onednn_runs_avx2_or_more():
     assert use_channels_last("cuda:0") and use_channels_last(torch.device("cuda"))
-    assert not use_channels_last("cpu") and not use_channels_last(torch.device("cpu"))
+    assert use_channels_last("cpu", flags={"avx2", "fma"}) == torch.backends.mkldnn.is_available()
+    assert not use_channels_last("cpu", flags={"avx", "sse4_2"}) and not use_channels_last("cpu", flags=set())
+    assert not use_channels_last(torch.device("mps"), flags={"avx2"})
 
 
 @pytest.mark.slow
