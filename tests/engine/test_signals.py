@@ -16,6 +16,16 @@ from ddp_utils.engine import PreemptionHandler
 from ..multiproc import REPO_ROOT, collect, describe, launch, launcher_env
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own Ctrl-C handler, as a terminal or CI starts the tests with: a job a shell put in the background
+    (``nohup ... &``) inherits SIGINT ignored, and Python then leaves it so."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def last_json(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
