@@ -69,3 +69,11 @@ def test_label_cache_and_results_rewrite_respect_the_umask(umask, tmp_path):
     ResultsLogger(tmp_path / "run", start_epoch=1, tensorboard=False).close()  # rewrites it without epoch 1
     assert len((tmp_path / "run" / "results.csv").read_text().splitlines()) == 2
     assert mode(tmp_path / "run" / "results.csv") == expected
+
+
+def test_evolve_records_respect_the_umask(umask, tmp_path):
+    from ddp_utils.evolve.records import write_text_atomic
+
+    write_text_atomic(tmp_path / "evolve" / "evolve.csv", "a,b\n1,2\n")
+    assert mode(tmp_path / "evolve" / "evolve.csv") == 0o666 & ~umask
+    assert [p.name for p in (tmp_path / "evolve").iterdir()] == ["evolve.csv"]  # no temp file left

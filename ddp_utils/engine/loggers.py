@@ -21,11 +21,7 @@ from ..files import mkstemp_shared
 from ..log import LOGGER
 from .checkpoint import to_plain
 
-RESULTS_COLUMNS = (
-    "epoch",
-    "train/box_loss",
-    "train/obj_loss",
-    "train/cls_loss",
+METRIC_COLUMNS = (  # a validation's seven numbers, as results.csv and YOLOv5's evolve.csv name them
     "metrics/precision",
     "metrics/recall",
     "metrics/mAP_0.5",
@@ -33,6 +29,13 @@ RESULTS_COLUMNS = (
     "val/box_loss",
     "val/obj_loss",
     "val/cls_loss",
+)
+RESULTS_COLUMNS = (
+    "epoch",
+    "train/box_loss",
+    "train/obj_loss",
+    "train/cls_loss",
+    *METRIC_COLUMNS,
     "x/lr0",
     "x/lr1",
     "x/lr2",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,17 +24,10 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
+from ..engine.loggers import METRIC_COLUMNS
+from ..files import mkstemp_shared
 from ..yolo.metrics import fitness
 
-METRIC_COLUMNS = (
-    "metrics/precision",
-    "metrics/recall",
-    "metrics/mAP_0.5",
-    "metrics/mAP_0.5:0.95",
-    "val/box_loss",
-    "val/obj_loss",
-    "val/cls_loss",
-)
 EXTRA_COLUMNS = ("trial", "epochs", "pruned")
 
 
@@ -138,9 +130,10 @@ def _plain(value: float) -> float | int:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (workers on one directory each rewrite it from the study)."""
+    """Write ``path`` whole or not at all (workers on one directory each rewrite it from the study), with the
+    permissions a plain ``open`` gives (teammates read evolve.csv as they read YOLOv5's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = mkstemp_shared(path.parent, prefix=f".{path.name}.")  # the umask's mode, as a plain open gives
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
