@@ -63,12 +63,19 @@ def plan_trial(trial: optuna.Trial, base: dict[str, Any], space: dict[str, Any],
     return TrialPlan(trial.number, {**base, **values}, run_dir, resume)
 
 
+PRUNE_DECIMALS = 3  # the precision of the fitness the pruner compares (YOLOv5 prints mAP to 3 decimals)
+
+
 class TrialStopper(EarlyStopping):
     """A trial's early stopping: ``--patience`` as in any run, and the study's pruner on the rank that holds the trial.
 
     train.py calls it after every validation on every rank and stops when any rank says stop, so rank 0's pruner
     decides for all. With pruning, each epoch's fitness is reported to the study at step ``epoch + 1`` (epochs
-    trained); the last epoch is never pruned (the trial is complete then). Without (``--evolve-prune off``, YOLOv5's
+    trained), rounded to :data:`PRUNE_DECIMALS` decimals; the last epoch is never pruned (the trial is complete then).
+    The rounding is what lets the early epochs through: while no trial has learned anything yet (warm-up, or a
+    detector before its take-off: mAP 0.0001 against 0.0002), the pruners would rank trials by noise and cut the
+    ones that learn later; rounded, those values tie, and both pruners let a tie go on (a trial is cut only below
+    the median, or outside the best third, of its rung). Without (``--evolve-prune off``, YOLOv5's
     way), only the last epoch is validated, and nothing is reported.
 
     Args:
@@ -98,7 +105,7 @@ class TrialStopper(EarlyStopping):
         stop = super().__call__(epoch, fitness)
         if self.trial is None or fitness is None or not self.prune:  # without pruning, epochs but the last repeat it
             return stop
-        value = float(fitness)
+        value = round(float(fitness), PRUNE_DECIMALS)
         self.trial.report(value, step=epoch + 1)
         self.trial.set_user_attr("epochs_reported", epoch + 1)
         if epoch + 1 < self.epochs and self.trial.should_prune():
@@ -109,4 +116,4 @@ class TrialStopper(EarlyStopping):
         return stop
 
 
-__all__ = ["TRIALS_DIR", "TrialPlan", "TrialStopper", "plan_trial"]
+__all__ = ["PRUNE_DECIMALS", "TRIALS_DIR", "TrialPlan", "TrialStopper", "plan_trial"]

@@ -41,6 +41,29 @@ def test_a_hopeless_trial_is_pruned_after_its_first_epoch(pruner):
     assert study.trials[-1].intermediate_values == {1: 0.01}
 
 
+@pytest.mark.parametrize(
+    "pruner",
+    [
+        optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, n_min_trials=2),
+        optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
+    ],  # fmt: skip
+)
+def test_before_any_trial_has_learned_the_pruner_sees_ties_and_lets_them_go_on(pruner):
+    """Fitness 0.0002 and 0.0001 after a first epoch is noise, not a ranking: at 3 decimals all are 0.0."""
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    for first in (0.0002, 0.0001):
+        trial = study.ask()
+        stopper = TrialStopper(patience=100, epochs=4, trial=trial)
+        assert [stopper(e, f) for e, f in enumerate([first, 0.3, 0.5, 0.6])] == [False] * 4
+        study.tell(trial, 0.6)
+    late = study.ask()
+    stopper = TrialStopper(patience=100, epochs=4, trial=late)
+    assert stopper(0, 0.00004) is False  # unrounded, both pruners cut it: below the median, not the best at rung 1
+    assert study.trials[-1].intermediate_values == {1: 0.0}
+    assert stopper(1, 0.3) is False  # a tie again
+    assert stopper(2, 0.01) is True and stopper.pruned_at == 3  # once the others had learned, it is ranked
+
+
 def test_a_good_trial_goes_on_and_the_last_epoch_is_never_pruned():
     study = study_with_good_trials(optuna.pruners.MedianPruner(n_startup_trials=2, n_min_trials=2))
     stopper = TrialStopper(patience=100, epochs=3, trial=study.ask())
