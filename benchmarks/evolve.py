@@ -1,31 +1,35 @@
 """YOLOv5's serial evolution against ours (pruning, workers in parallel), on the synthetic shapes data.
 
-    python benchmarks/evolve.py --trials 6 --epochs 3 --workers 2 --out benchmarks/results/evolve.json
+    python benchmarks/evolve.py --trials 6 --epochs 9 --workers 2 --out benchmarks/results/evolve.json
 
-A base model is trained first (``--pretrain-epochs``, not timed), and both evolutions fine-tune from it, as YOLOv5's
-guide evolves from pretrained weights: from scratch, a few epochs of a CPU-sized run score near zero, and fitness
-would be noise. Then two evolutions of train.py on the same data, the same starting hyperparameters and weights, the
-same seed. The start is the shapes hyp with ``--start`` values over it (default ``lr0=0.002``, a tenth of its
-own): from the shapes hyp as it is, 6 serial trials found nothing above the unmutated first trial (0.07214), and "the
-same best" then says nothing of the search; fine-tuning from lr0 0.002 scores higher at the start (0.0946) and the
-serial run's mutations did beat it. The JSON names each scheme's first trial's fitness (the start, unmutated)
-beside its best, and every trial with the seconds at which it finished.
+Two evolutions of train.py on the same data, from the same starting hyperparameters (the shapes hyp, with ``--start``
+values over it if given), with the same seed, each trial from scratch (``--pretrain-epochs N`` fine-tunes every trial
+from a base model trained first, untimed, as YOLOv5's guide evolves from pretrained weights). The default regime, 512
+images at 128 px for 9 epochs, is one where fitness means something: the model takes off around epoch 3 and reaches
+mAP@0.5:0.95 about 0.6 by epoch 9, and how fast it takes off is what the hyperparameters decide. (An earlier regime, 3
+epochs fine-tuning a weak base model at fitness 0.09, scored every trial within noise of the start, and its first
+epoch, still in warm-up, ranked nothing.)
 
 - **serial** (YOLOv5's scheme): one worker, ``--evolve T --evolve-prune off``: every trial trains to its last epoch,
   validated only then, one trial after the other: a budget of T x E trial-epochs.
 - **ours**: ``--workers`` workers started with the same command on one study (SQLite in the run directory), the
   cores split between them, ``--evolve-prune halving``, and as many trials as fit in the same budget of trial-epochs
   (the study gets 3 x T trials; the table counts what it had spent when it passed the budget, or at its end).
+- **the spread of one training** (``--spread-seeds``, untimed): the start trained again with other seeds, so that a
+  gap between two best fitnesses can be read against the fitness a seed alone moves.
 
 For each: the best fitness found, the wall time, the trial-epochs trained; for ours also the wall time and the
-trial-epochs at which a finished trial first reached the serial run's best fitness. Prints a markdown table.
+trial-epochs at which a finished trial first reached the serial run's best fitness (at least it, not within the
+spread). Prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -134,6 +138,30 @@ def summarise(events: list[tuple[float, int, float, bool, int]], budget: int, ta
                             for seconds, epochs, fit, pruned, number in events]}  # fmt: skip
 
 
+def final_fitness(run_dir: Path) -> float:
+    """The fitness of a plain run's last validation (its results.csv's last row)."""
+    with open(run_dir / "results.csv", newline="") as f:
+        rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
+    return fitness({k: float(rows[-1][k]) for k in ("metrics/mAP_0.5", "metrics/mAP_0.5:0.95")})
+
+
+def seed_spread(
+    args: argparse.Namespace, data: Path, work: Path, weights: tuple[str, ...], start: float | None, cores: int
+) -> dict:
+    """The start trained with ``--spread-seeds`` other seeds (all at once, untimed), beside its trial 0's fitness."""
+    seeds = [args.seed + 1 + i for i in range(args.spread_seeds)]
+    cmds = []
+    for seed in seeds:
+        cmd = command(args, data, work, f"seed{seed}", *weights)
+        cmd[cmd.index("--seed") + 1] = str(seed)
+        cmds.append(cmd)
+    if cmds:
+        run_workers(cmds, max(cores // len(cmds), 1), work / "spread")
+    values = ([start] if start is not None else []) + [final_fitness(work / f"seed{seed}") for seed in seeds]
+    return {"seeds": ([args.seed] if start is not None else []) + seeds, "fitness": [round(v, 5) for v in values],
+            "std": round(statistics.stdev(values), 5) if len(values) > 1 else None}  # fmt: skip
+
+
 def shown(value: float | None) -> str:
     return "pruned" if value is None else f"{value:.5f}"
 
@@ -141,16 +169,17 @@ def shown(value: float | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=6, help="the serial run's trials (T)")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs a trial (E)")
+    parser.add_argument("--epochs", type=int, default=9, help="epochs a trial (E)")
     parser.add_argument("--workers", type=int, default=2, help="our workers, started together")
     parser.add_argument("--prune", default="halving", choices=["median", "halving"])
-    parser.add_argument("--imgsz", type=int, default=96)
+    parser.add_argument("--imgsz", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--n-train", type=int, default=128)
-    parser.add_argument("--n-val", type=int, default=32)
+    parser.add_argument("--n-train", type=int, default=512)
+    parser.add_argument("--n-val", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pretrain-epochs", type=int, default=12, help="the base model's epochs (0: from scratch)")
-    parser.add_argument("--start", nargs="*", default=["lr0=0.002"], help="KEY=VALUE over the shapes hyp: the start")
+    parser.add_argument("--pretrain-epochs", type=int, default=0, help="a base model's epochs (0: from scratch)")
+    parser.add_argument("--start", nargs="*", default=[], help="KEY=VALUE over the shapes hyp: the start")
+    parser.add_argument("--spread-seeds", type=int, default=2, help="other seeds the start is trained with (untimed)")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
@@ -180,8 +209,9 @@ def main() -> None:
         ours_wall = run_workers([ours_cmd] * args.workers, max(cores // args.workers, 1), work / "ours")
         ours = summarise(timeline(work / "ours", t0), budget, serial["best_fitness"])
         ours["run_wall_s"] = round(ours_wall, 1)  # all 3 x T trials, past the budget
+        spread = seed_spread(args, data, work, weights, serial["start_fitness"], cores)
     setup = {k: v for k, v in vars(args).items() if k != "out"} | {"cores": cores, "budget_trial_epochs": budget}
-    report = {"setup": setup, "serial": serial, "ours": ours}
+    report = {"setup": setup, "serial": serial, "ours": ours, "start_over_seeds": spread}
     print(json.dumps(report, indent=1))
     reached = ours["reached_serial_best"]
     print("\n| scheme | trials (pruned) | trial-epochs | start fitness | best fitness (trial) | wall time "
@@ -193,6 +223,9 @@ def main() -> None:
     print(f"| ours ({args.workers} workers, {args.prune} pruning) | {ours['trials']} ({ours['pruned']}) | "
           f"{ours['trial_epochs']} | {shown(ours['start_fitness'])} | {ours['best_fitness']:.5f} "
           f"({ours['best_trial']}) | {ours['wall_s']:.0f} s | {at} |")  # fmt: skip
+    if spread["std"] is not None:
+        print(f"\nThe start over seeds {spread['seeds']}: fitness {', '.join(f'{f:.5f}' for f in spread['fitness'])}, "
+              f"standard deviation {spread['std']:.5f}")  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

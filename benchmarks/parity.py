@@ -411,6 +411,15 @@ def describe(args: argparse.Namespace) -> str:
     )
 
 
+def recorded_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as results.json records them: paths (``--dir``, each ``--reuse``, ``--yolov5``) as strings."""
+
+    def plain(value: Any) -> Any:
+        return [plain(v) for v in value] if isinstance(value, list) else str(value) if isinstance(value, Path) else value
+
+    return {key: plain(value) for key, value in vars(args).items()}
+
+
 def reusable_runs(results: dict[str, Any], keys: dict[str, dict], seeds: set[str] | None) -> dict[str, dict]:
     """The runs of ``results`` (of ``seeds``; None: all) whose key is the current key of their side."""
     found = {}
@@ -428,8 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     inputs = prepare_inputs(args)
     results_file = inputs["work"] / "results.json"
-    results: dict[str, Any] = dict(setup=dict(description=describe(args), args=vars(args) | {"dir": str(args.dir)}))
-    results["setup"]["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in results["setup"]["args"].items()}
+    results: dict[str, Any] = dict(setup=dict(description=describe(args), args=recorded_args(args)))
     results["runs"] = {}
     keys = side_keys(args, results["setup"]["description"])
     for source in ([results_file] if results_file.is_file() else []) + list(args.reuse):

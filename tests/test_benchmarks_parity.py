@@ -127,6 +127,13 @@ def test_runs_are_reused_only_under_the_same_key():
     assert parity.reusable_runs(results, bf16, None) == {}
 
 
+def test_the_options_are_recorded_as_json_with_reused_files():
+    parity = load_parity()
+    args = parity.parse_args(["--ours-only", "--reuse", "a/results.json", "b/results.json", "--dir", "runs/p"])
+    recorded = json.loads(json.dumps(parity.recorded_args(args)))
+    assert recorded["reuse"] == ["a/results.json", "b/results.json"] and recorded["dir"] == "runs/p"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ours_only_end_to_end_then_the_table_again(tmp_path):
