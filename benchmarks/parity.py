@@ -415,7 +415,9 @@ def recorded_args(args: argparse.Namespace) -> dict[str, Any]:
     """The options as results.json records them: paths (``--dir``, each ``--reuse``, ``--yolov5``) as strings."""
 
     def plain(value: Any) -> Any:
-        return [plain(v) for v in value] if isinstance(value, list) else str(value) if isinstance(value, Path) else value
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return str(value) if isinstance(value, Path) else value
 
     return {key: plain(value) for key, value in vars(args).items()}
 
