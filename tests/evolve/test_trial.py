@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import optuna
 import pytest
 
 from ddp_utils.distributed import DistInfo
 from ddp_utils.engine import TrainingDiverged
+from ddp_utils.evolve.settings import EvolveSettings
 from ddp_utils.evolve.study import run_trial
 from ddp_utils.evolve.trial import TrialPlan, TrialStopper
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture
+def pruner(request) -> optuna.pruners.BasePruner:
+    """train.py's pruner for ``--evolve-prune median|halving``, made by EvolveSettings."""
+    settings = EvolveSettings(1, Path("runs/evolve/exp"), "sqlite://", "exp", {}, {}, {}, 3, prune=request.param)
+    return settings.make_pruner()
 
 
 def study_with_good_trials(pruner: optuna.pruners.BasePruner) -> optuna.Study:
@@ -26,13 +35,7 @@ def study_with_good_trials(pruner: optuna.pruners.BasePruner) -> optuna.Study:
     return study
 
 
-@pytest.mark.parametrize(
-    "pruner",
-    [
-        optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, n_min_trials=2),
-        optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
-    ],  # fmt: skip
-)
+@pytest.mark.parametrize("pruner", ["median", "halving"], indirect=True)
 def test_a_hopeless_trial_is_pruned_after_its_first_epoch(pruner):
     study = study_with_good_trials(pruner)
     trial = study.ask()
@@ -41,13 +44,7 @@ def test_a_hopeless_trial_is_pruned_after_its_first_epoch(pruner):
     assert study.trials[-1].intermediate_values == {1: 0.01}
 
 
-@pytest.mark.parametrize(
-    "pruner",
-    [
-        optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, n_min_trials=2),
-        optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
-    ],  # fmt: skip
-)
+@pytest.mark.parametrize("pruner", ["median", "halving"], indirect=True)
 def test_before_any_trial_has_learned_the_pruner_sees_ties_and_lets_them_go_on(pruner):
     """Fitness 0.0002 and 0.0001 after a first epoch is noise, not a ranking: at 3 decimals all are 0.0."""
     study = optuna.create_study(direction="maximize", pruner=pruner)
