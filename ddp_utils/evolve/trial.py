@@ -72,11 +72,12 @@ class TrialStopper(EarlyStopping):
     train.py calls it after every validation on every rank and stops when any rank says stop, so rank 0's pruner
     decides for all. With pruning, each epoch's fitness is reported to the study at step ``epoch + 1`` (epochs
     trained), rounded to :data:`PRUNE_DECIMALS` decimals; the last epoch is never pruned (the trial is complete then).
+    Without (``--evolve-prune off``, YOLOv5's way), only the last epoch is validated, and nothing is reported.
+
     The rounding is what lets the early epochs through: while no trial has learned anything yet (warm-up, or a
     detector before its take-off: mAP 0.0001 against 0.0002), the pruners would rank trials by noise and cut the
     ones that learn later; rounded, those values tie, and both pruners let a tie go on (a trial is cut only below
-    the median, or outside the best third, of its rung). Without (``--evolve-prune off``, YOLOv5's
-    way), only the last epoch is validated, and nothing is reported.
+    the median, or outside the best third, of its rung).
 
     Args:
         patience: ``--patience``.
