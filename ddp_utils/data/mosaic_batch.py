@@ -54,16 +54,42 @@ class _Mosaic(NamedTuple):
     flip_lr: bool
 
 
-def batch_route(dataset: YoloDataset) -> bool:
-    """Whether :func:`mosaic_batch` makes the mosaics of ``dataset`` (otherwise each sample is ``dataset[key]``).
+class _Plan(NamedTuple):
+    # the hyp's numbers as the per-sample route reads them, once per batch
+    mosaic: float
+    mixup: float
+    zoom: tuple[float, float]  # perspective_matrix's uniform(1 - scale, 1 + scale): low and high
+    shift: tuple[float, float]  # its uniform(0.5 - translate, 0.5 + translate)
+    jitter: tuple[float, float, float] | None  # augment_hsv's gains; None: no HSV draws
+    flipud: float
+    fliplr: float
 
-    It makes training mosaics of the default border whose transform only zooms and shifts: no
-    rotation, shear or perspective in the hyp.
+
+def batch_plan(dataset: YoloDataset) -> _Plan | None:
+    """What :func:`mosaic_batch` needs of the hyp, or None where it leaves every sample to ``dataset[key]``.
+
+    The batch route makes training mosaics of the default border whose transform only zooms and
+    shifts: no rotation, shear or perspective in the hyp (as ``mosaic4`` reads them), a scale and a
+    translation not below 0.
     """
     hyp, s = dataset.hyp, dataset.imgsz
-    still = all(hyp.get(name, 0.0) == 0 for name in ("degrees", "shear", "perspective"))  # as mosaic4 reads them
-    default_border = list(dataset.mosaic_border) == [-s // 2, -s // 2] and s % 2 == 0
-    return bool(dataset.mosaic and still and default_border and hyp_value(hyp, "mosaic") > 0)
+    if not (dataset.mosaic and s % 2 == 0 and list(dataset.mosaic_border) == [-s // 2, -s // 2]):
+        return None
+    if any(hyp.get(name, 0.0) != 0 for name in ("degrees", "shear", "perspective")):
+        return None
+    scale, translate = hyp.get("scale", 0.0), hyp.get("translate", 0.0)
+    if not (isinstance(scale, (int, float)) and isinstance(translate, (int, float)) and scale >= 0 <= translate):
+        return None
+    jitter = (hyp_value(hyp, "hsv_h"), hyp_value(hyp, "hsv_s"), hyp_value(hyp, "hsv_v"))
+    return _Plan(
+        mosaic=hyp_value(hyp, "mosaic"),
+        mixup=hyp_value(hyp, "mixup"),
+        zoom=(float(1 - scale), float(1 + scale)),
+        shift=(float(0.5 - translate), float(0.5 + translate)),
+        jitter=jitter if any(jitter) else None,
+        flipud=hyp_value(hyp, "flipud"),
+        fliplr=hyp_value(hyp, "fliplr"),
+    )
 
 
 def mosaic_batch(dataset: YoloDataset, keys: Sequence[SampleKey]) -> list[tuple]:
@@ -77,14 +103,15 @@ def mosaic_batch(dataset: YoloDataset, keys: Sequence[SampleKey]) -> list[tuple]
         One ``(img, labels, path, shapes)`` per key, equal to ``dataset[key]``'s; the images
         and labels of the mosaics made here are views of one array each for the batch.
     """
-    if not keys or not batch_route(dataset):
+    plan = batch_plan(dataset) if keys else None
+    if plan is None or plan.mosaic <= 0:
         return [dataset[key] for key in keys]
     s = dataset.imgsz
     samples: list = [None] * len(keys)
     canvas = np.full((len(keys), s, s, 3), PAD_COLOR[0], np.uint8)
     mosaics = []
     for slot, key in enumerate(keys):
-        mosaic = _draw_and_warp(dataset, key, slot, canvas[slot])
+        mosaic = _draw_and_warp(dataset, plan, key, slot, canvas[slot])
         if mosaic is None:
             samples[slot] = dataset[key]  # started over from its key: the same sample
         else:
@@ -98,13 +125,14 @@ def mosaic_batch(dataset: YoloDataset, keys: Sequence[SampleKey]) -> list[tuple]
     return samples
 
 
-def _draw_and_warp(dataset: YoloDataset, key: SampleKey, slot: int, out: np.ndarray) -> _Mosaic | None:
+def _draw_and_warp(dataset: YoloDataset, plan: _Plan, key: SampleKey, slot: int, out: np.ndarray) -> _Mosaic | None:
     # YoloDataset.__getitem__'s draws for a mosaic, in its order, and mosaic4's warps into out; None where the
-    # sample leaves the route (no mosaic, mixup, a zoom not above 0) before any warp
-    hyp, s, s2 = dataset.hyp, dataset.imgsz, 2 * dataset.imgsz
+    # sample leaves the route (no mosaic, mixup, a zoom not above 0) before any warp. Each uniform(low, high) is
+    # low + (high - low) * random(), the same double: NumPy's own formula.
+    s, s2 = dataset.imgsz, 2 * dataset.imgsz
     index = int(dataset._indices[key.index])
     rng = np.random.default_rng(derive_seed(dataset.seed, key.epoch, key.slot, index))
-    if not rng.random() < hyp_value(hyp, "mosaic"):
+    if not rng.random() < plan.mosaic:
         return None
     others = dataset._indices[rng.integers(0, len(dataset), 3)]  # load_mosaic's
     tiles = [int(i) for i in rng.permutation([index, *others])]
@@ -112,30 +140,29 @@ def _draw_and_warp(dataset: YoloDataset, key: SampleKey, slot: int, out: np.ndar
     u = rng.random(11).tolist()
     low, high = float(s // 2), float(s2 - s // 2)
     xc, yc = int(low + (high - low) * u[0]), int(low + (high - low) * u[1])
-    scale, translate = hyp.get("scale", 0.0), hyp.get("translate", 0.0)
-    low, high = float(1 - scale), float(1 + scale)
+    low, high = plan.zoom
     zoom = low + (high - low) * u[5]
-    if not zoom > 0 or u[10] < hyp_value(hyp, "mixup"):
+    if not zoom > 0 or u[10] < plan.mixup:
         return None
-    low, high = float(0.5 - translate), float(0.5 + translate)
+    low, high = plan.shift
     tx, ty = (low + (high - low) * u[8]) * s, (low + (high - low) * u[9]) * s
     centre = s2 / 2
     affine = (zoom, tx - zoom * centre, zoom, ty - zoom * centre)  # perspective_matrix's zoom and shift
     images, sizes = [], []
+    cache = dataset.cache
     for i in tiles:
-        if dataset.cache is None:  # decoded only if its tile shows
+        if cache is None:  # decoded only if its tile shows
             w0, h0 = dataset.shapes[i]
             images.append(partial(dataset._tile_image, i))
             sizes.append(resized_shape(int(h0), int(w0), s))
         else:
-            img = dataset.cache[i]
+            img = cache[i]
             images.append(img)
             sizes.append(img.shape[:2])
     offsets = warp_tiles(out, images, sizes, (xc, yc), affine, s2)
-    jitter = (hyp_value(hyp, "hsv_h"), hyp_value(hyp, "hsv_s"), hyp_value(hyp, "hsv_v"))
-    v = rng.random(5 if any(jitter) else 2)  # augment_hsv's gains, then the two flips
-    gains = (-1.0 + 2.0 * v[:3]) * jitter + 1 if any(jitter) else None
-    flip_ud, flip_lr = bool(v[-2] < hyp_value(hyp, "flipud")), bool(v[-1] < hyp_value(hyp, "fliplr"))
+    v = rng.random(2 if plan.jitter is None else 5)  # augment_hsv's gains, then the two flips
+    gains = None if plan.jitter is None else (-1.0 + 2.0 * v[:3]) * plan.jitter + 1
+    flip_ud, flip_lr = bool(v[-2] < plan.flipud), bool(v[-1] < plan.fliplr)
     return _Mosaic(slot, index, tiles, sizes, offsets, affine, zoom, gains, flip_ud, flip_lr)
 
 
@@ -191,4 +218,4 @@ def _batch_labels(labels: Sequence[np.ndarray], mosaics: list[_Mosaic], s: int) 
     return out, list(zip([0, *ends[:-1].tolist()], ends.tolist()))
 
 
-__all__ = ["batch_route", "mosaic_batch"]
+__all__ = ["batch_plan", "mosaic_batch"]
