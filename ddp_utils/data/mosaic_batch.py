@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from .dataset import SampleKey, YoloDataset
 
 
+_CHUNK_PIXELS = 16 * 640 * 640  # most mosaic pixels made at once: 20 MB for each of the route's few batch arrays
+
+
 class _Mosaic(NamedTuple):
     # what the batch's image and label passes need of one sample made here
     slot: int  # its place in the batch
@@ -106,6 +109,13 @@ def mosaic_batch(dataset: YoloDataset, keys: Sequence[SampleKey]) -> list[tuple]
     plan = batch_plan(dataset) if keys else None
     if plan is None or plan.mosaic <= 0:
         return [dataset[key] for key in keys]
+    chunk = max(_CHUNK_PIXELS // dataset.imgsz**2, 1)  # a large batch of large images in parts
+    if len(keys) > chunk:
+        return [
+            sample
+            for start in range(0, len(keys), chunk)
+            for sample in mosaic_batch(dataset, keys[start : start + chunk])
+        ]
     s = dataset.imgsz
     samples: list = [None] * len(keys)
     canvas = np.full((len(keys), s, s, 3), PAD_COLOR[0], np.uint8)

@@ -120,3 +120,17 @@ def test_the_loader_fetches_whole_batches(monkeypatch, dataset_root):
         assert (paths, shapes) == (ref_paths, ref_shapes)
     assert len(fetched) == len(loader) and all(len(keys) == 4 for keys in fetched[:-1])
     assert np.unique([key.epoch for keys in fetched for key in keys]).tolist() == [2]
+
+
+def test_a_batch_over_the_pixel_bound_is_made_in_parts(monkeypatch, label_set):
+    ds = YoloDataset(label_set, imgsz=64, augment=True, hyp=HYP, seed=2)
+    keys = batches(len(ds))[2]
+    whole = ds.__getitems__(keys)
+    monkeypatch.setattr(batch_module, "_CHUNK_PIXELS", 5 * 64 * 64)  # parts of 5 samples
+    finished, finish_images = [], batch_module._finish_images
+    monkeypatch.setattr(
+        batch_module, "_finish_images", lambda canvas, m: finished.append(len(canvas)) or finish_images(canvas, m)
+    )
+    parts = ds.__getitems__(keys)
+    assert_same_samples(parts, whole, "in parts")
+    assert finished == [5, 5, 5, 1]
