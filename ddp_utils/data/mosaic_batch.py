@@ -9,9 +9,10 @@ once per batch:
 
 - the labels of all the batch's tiles in one pass of NumPy calls: the same float32 and
   float64 operations on the same values, row by row, as the per-sample route;
-- the colour conversions to HSV and back on the whole batch (OpenCV converts row by row,
-  so a pixel's result does not depend on the image around it); the gains, one per sample;
-- the random numbers after a sample's tile choice as one ``rng.random(k)``: ``uniform(lo, hi)``
+- the colour conversions to HSV and back on the whole batch (OpenCV converts row by row, and
+  the batch's rows are its images' rows: each pixel goes through the same code, SIMD or not);
+  the gains, one ``cv2.transform`` per sample as before;
+- the random numbers after a sample's tile choice in two ``rng.random(k)``: ``uniform(lo, hi)``
   is ``lo + (hi - lo) * random()``, the same double.
 
 A sample the batch route does not cover (no mosaic drawn, mixup drawn, a zoom not above 0)
