@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
@@ -37,8 +37,9 @@ from ..seed import derive_seed
 from .images import resized_shape
 from .warp import PAD_COLOR, box_candidates, warp_tiles
 
-if TYPE_CHECKING:
-    from .dataset import SampleKey, YoloDataset
+# a YoloDataset and a SampleKey: dataset.py imports this module, not the other way round
+_Dataset = Any
+_Key = tuple
 
 
 _CHUNK_PIXELS = 16 * 640 * 640  # most mosaic pixels made at once: 20 MB for each of the route's few batch arrays
@@ -69,7 +70,7 @@ class _Plan(NamedTuple):
     fliplr: float
 
 
-def batch_plan(dataset: YoloDataset) -> _Plan | None:
+def batch_plan(dataset: _Dataset) -> _Plan | None:
     """What :func:`mosaic_batch` needs of the hyp, or None where it leaves every sample to ``dataset[key]``.
 
     The batch route makes training mosaics of the default border whose transform only zooms and
@@ -96,7 +97,7 @@ def batch_plan(dataset: YoloDataset) -> _Plan | None:
     )
 
 
-def mosaic_batch(dataset: YoloDataset, keys: Sequence[SampleKey]) -> list[tuple]:
+def mosaic_batch(dataset: _Dataset, keys: Sequence[_Key]) -> list[tuple]:
     """``[dataset[key] for key in keys]``, the mosaics among them made together.
 
     Args:
@@ -136,7 +137,7 @@ def mosaic_batch(dataset: YoloDataset, keys: Sequence[SampleKey]) -> list[tuple]
     return samples
 
 
-def _draw_and_warp(dataset: YoloDataset, plan: _Plan, key: SampleKey, slot: int, out: np.ndarray) -> _Mosaic | None:
+def _draw_and_warp(dataset: _Dataset, plan: _Plan, key: _Key, slot: int, out: np.ndarray) -> _Mosaic | None:
     # YoloDataset.__getitem__'s draws for a mosaic, in its order, and mosaic4's warps into out; None where the
     # sample leaves the route (no mosaic, mixup, a zoom not above 0) before any warp. Each uniform(low, high) is
     # low + (high - low) * random(), the same double: NumPy's own formula.
