@@ -27,6 +27,7 @@ from ..yamls import DataConfigError
 from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
 from .image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from .images import load_image, resized_shape
+from .mosaic_batch import mosaic_batch
 from .warp import mosaic4, random_perspective
 
 if TYPE_CHECKING:
@@ -355,11 +356,15 @@ class YoloDataset(Dataset):
             )
         return img, labels, shapes
 
+    def _key(self, item: int | SampleKey | tuple) -> SampleKey:
+        return SampleKey(*item) if isinstance(item, tuple) else SampleKey(self.epoch, int(item), int(item))
+
+    def __getitems__(self, items: Sequence[int | SampleKey | tuple]) -> list[tuple]:
+        """``[self[item] for item in items]``, the DataLoader's fetch of a batch: its mosaics made together."""
+        return mosaic_batch(self, [self._key(item) for item in items])
+
     def __getitem__(self, item: int | SampleKey | tuple) -> tuple[torch.Tensor, torch.Tensor, str, Shapes]:
-        if isinstance(item, tuple):
-            key = SampleKey(*item)
-        else:
-            key = SampleKey(self.epoch, int(item), int(item))
+        key = self._key(item)
         index = int(self._indices[key.index])  # the position's image (YOLOv5's ``indices``)
         rng = np.random.default_rng(derive_seed(self.seed, key.epoch, key.slot, index))
         hyp = self.hyp

@@ -121,7 +121,8 @@ class PooledDataset(torch.utils.data.Dataset):
         return self.dataset[key]
 
     def __getitems__(self, request: Sequence[Any]) -> tuple[int, list]:
-        return getattr(request, "slot", -1), [self.dataset[key] for key in request]
+        fetch = getattr(self.dataset, "__getitems__", None)  # a dataset that makes a batch at once
+        return getattr(request, "slot", -1), fetch(list(request)) if fetch else [self.dataset[key] for key in request]
 
 
 class PooledCollate:

@@ -154,15 +154,16 @@ def _warp_into(dst: np.ndarray, src: np.ndarray, m: np.ndarray) -> None:
 def _place_tile(
     dst: np.ndarray,
     img: np.ndarray,
-    m: np.ndarray,
+    affine: tuple[float, float, float, float],
     size: tuple[int, int],
     crop: tuple[int, int, int, int],
     offset: tuple[int, int],
 ) -> None:
-    # _warp_into(dst, *_tile_source(...)) for a zoom-and-shift m, in floats: the same matrix (m @ shift @ place,
-    # summed in the same order) and the same region, without a dozen small numpy arrays per tile
+    # _warp_into(dst, *_tile_source(...)) for a zoom-and-shift m = ((a, 0, tx), (0, b, ty)), affine = (a, tx, b, ty),
+    # in floats: the same matrix (m @ shift @ place, summed in the same order) and the same region, without a dozen
+    # small numpy arrays per tile
     (h, w), (x1b, y1b, x2b, y2b), (dx, dy) = size, crop, offset
-    a, tx, b, ty = float(m[0, 0]), float(m[0, 2]), float(m[1, 1]), float(m[1, 2])
+    a, tx, b, ty = affine
     rows, cols = img.shape[:2]
     if (rows, cols) == (h, w):
         src, sx, px, sy, py = img[y1b:y2b, x1b:x2b], 1.0, float(x1b), 1.0, float(y1b)
@@ -179,6 +180,52 @@ def _place_tile(
     if x1 > x0 and y1 > y0:
         local = np.array(((ax, 0.0, bx - x0), (0.0, ay, by - y0)))
         cv2.warpAffine(src, local, (x1 - x0, y1 - y0), dst=dst[y0:y1, x0:x1], borderMode=cv2.BORDER_TRANSPARENT)
+
+
+def warp_tiles(
+    out: np.ndarray,
+    images: Sequence[np.ndarray | Callable[[], np.ndarray]],
+    sizes: Sequence[tuple[int, int]],
+    centre: tuple[int, int],
+    affine: tuple[float, float, float, float],
+    s2: int,
+) -> list[tuple[int, int]]:
+    """Warp a mosaic's four tiles into ``out`` when its transform only zooms and shifts.
+
+    The image part of :func:`mosaic4` for the usual hyp (no rotation, shear or perspective),
+    also used by the loader's batches (``mosaic_batch.py``).
+
+    Args:
+        out: the output image, [h, w, 3], already filled with the padding.
+        images: the four tiles (or functions returning them, called only when the tile shows).
+        sizes: the (h, w) each tile stands for.
+        centre: the mosaic's centre (xc, yc) on the ``s2`` x ``s2`` canvas.
+        affine: (a, tx, b, ty): canvas pixel (x, y) lands at (a * x + tx, b * y + ty) of ``out``; a, b > 0.
+        s2: the canvas side, twice the mosaic's ``imgsz``.
+
+    Returns:
+        Each tile's offset (dx, dy): its pixel (x, y) is the canvas's (x + dx, y + dy).
+    """
+    (xc, yc), (a, tx, b, ty) = centre, affine
+    height, width = out.shape[:2]
+    offsets = []
+    for k, img in enumerate(images):
+        h, w = sizes[k]
+        x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
+        dx, dy = x1a - x1b, y1a - y1b
+        x2a, y2a = x1a + x2b - x1b, y1a + y2b - y1b
+        # _lands_in for a zoom and a shift, in floats
+        if (
+            x2b > x1b
+            and y2b > y1b
+            and a * x2a + tx > 0
+            and b * y2a + ty > 0
+            and a * x1a + tx < width
+            and b * y1a + ty < height
+        ):
+            _place_tile(out, img() if callable(img) else img, affine, (h, w), (x1b, y1b, x2b, y2b), (dx, dy))
+        offsets.append((dx, dy))
+    return offsets
 
 
 def _filter_boxes(labels: np.ndarray, before: np.ndarray, after: np.ndarray, zoom: float, area_thr: float):
@@ -316,22 +363,25 @@ def mosaic4(
         hyp.get("perspective", 0.0),
     )
     out = np.full((out_h, out_w, 3), PAD_COLOR[0], dtype=np.uint8)
-    affine = _zoom_and_shift(m)  # the usual hyp: each tile's matrix and where it lands in a few float operations
-    placed = []
-    for k, (img, lab) in enumerate(zip(images, labels)):
-        h, w = sizes[k] if sizes is not None else img.shape[:2]
-        x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
-        dx, dy = x1a - x1b, y1a - y1b
-        if x2b > x1b and y2b > y1b and _lands_in(m, x1a, y1a, x1a + x2b - x1b, y1a + y2b - y1b, out_w, out_h):
-            if callable(img):
-                img = img()
-            if affine:
-                _place_tile(out, img, m, (h, w), (x1b, y1b, x2b, y2b), (dx, dy))
-            else:
-                src, place = _tile_source(img, h, w, x1b, y1b, x2b, y2b)
+    if sizes is None:
+        sizes = [img.shape[:2] for img in images]
+    if _zoom_and_shift(m):  # the usual hyp: each tile's matrix and where it lands in a few float operations
+        affine = (float(m[0, 0]), float(m[0, 2]), float(m[1, 1]), float(m[1, 2]))
+        offsets = warp_tiles(out, images, sizes, (xc, yc), affine, s2)
+    else:
+        offsets = []
+        for k, img in enumerate(images):
+            h, w = sizes[k]
+            x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
+            dx, dy = x1a - x1b, y1a - y1b
+            if x2b > x1b and y2b > y1b and _lands_in(m, x1a, y1a, x1a + x2b - x1b, y1a + y2b - y1b, out_w, out_h):
+                src, place = _tile_source(img() if callable(img) else img, h, w, x1b, y1b, x2b, y2b)
                 shift = np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
                 _warp_into(out, src, m @ shift @ place)
-        placed.append(lab + np.array((0, dx, dy, dx, dy), lab.dtype) if len(lab) else lab)
+            offsets.append((dx, dy))
+    placed = [
+        lab + np.array((0, dx, dy, dx, dy), lab.dtype) if len(lab) else lab for lab, (dx, dy) in zip(labels, offsets)
+    ]
     canvas_labels = np.concatenate(placed, 0) if placed else np.zeros((0, 5), np.float32)
     corners = canvas_labels[:, 1:5]
     np.minimum(np.maximum(corners, 0, out=corners), s2, out=corners)  # np.clip(corners, 0, s2), in place
@@ -346,4 +396,5 @@ __all__ = [
     "perspective_matrix",
     "random_perspective",
     "transform_boxes",
+    "warp_tiles",
 ]
