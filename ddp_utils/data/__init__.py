@@ -10,6 +10,7 @@ What lives where:
 - ``images.py``: read, decode and resize one image; ``image_cache.py``: the image caches (RAM: one
   copy per node; disk: .npy).
 - ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective.
+- ``mosaic_batch.py``: a training batch's mosaics made together (the same samples as one by one, faster).
 - ``dataset.py``: :class:`YoloDataset` (with YOLOv5's attribute names), rect batch shapes, collate functions.
 - ``class_weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).
 - ``samplers.py``: train, weighted-train and exactly-once eval samplers, one guarantee per class.
