@@ -115,7 +115,8 @@ def test_a_rank_stopped_with_sigstop_is_named_and_the_restarted_job_finishes_eve
     stopped: dict[str, float] = {}
 
     def freeze_rank_1(line: str, proc: subprocess.Popen) -> None:
-        if not stopped and line.startswith("epoch 1/3:"):
+        # epoch 2's training done (its progress line): epoch 1's save is behind, so the restart has one to resume
+        if not stopped and line.startswith("2/3 "):
             pid = _worker_pids(proc.pid)[1]
             os.kill(pid, signal.SIGSTOP)
             stopped.update(pid=pid, at=time.monotonic())

@@ -181,7 +181,8 @@ def test_a_run_resumes_with_another_number_of_processes_within_float_rounding(da
     assert "has finished all 1 epochs" in resumed_log.stderr, describe([resumed_log])
     assert [r["epoch"] for r in results(tmp_path / "cut")] == [0.0]
     # what it gives away against the uninterrupted run: float rounding (2 x 4 vs 1 x 8 after one epoch ~4e-6)
-    assert relative_difference(tmp_path / "full", tmp_path / "cut") < 1e-4
+    apart = relative_difference(tmp_path / "full", tmp_path / "cut")
+    assert apart < 1e-4, f"{apart:.2e} apart, stopped at {state.where()} of {NB} batches"
 
 
 # ---- what a resume refuses, before anything is written ----

@@ -28,6 +28,11 @@ from ..log import LOGGER
 from .env import DistEnvError, dist_info
 
 USAGE_EXIT_CODE = 2  # argparse's code for a usage error
+# How long a process other than its node's first lingers before exiting on a user's mistake. The first process meets
+# the same mistake at about the same point and says it; a follower that exits at once makes torchrun's agent end the
+# first one (SIGTERM) before it could, on a loaded host, and the console would show the mistake only inside
+# torchrun's report.
+FOLLOWER_EXIT_GRACE_S = 5.0
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torchrun for each worker
 
 
@@ -97,4 +102,6 @@ def exit_usage_error(message: str, code: int = USAGE_EXIT_CODE) -> NoReturn:
         for handler in LOGGER.handlers:
             handler.flush()
         sys.stderr.flush()
+    else:
+        time.sleep(FOLLOWER_EXIT_GRACE_S)  # the first process says it, then its exit ends this one (torchrun)
     sys.exit(code)
