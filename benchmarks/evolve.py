@@ -39,7 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ddp_utils.engine.loggers import METRIC_COLUMNS  # noqa: E402
 from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402
+from ddp_utils.yolo.metrics import fitness as metrics_fitness  # noqa: E402
 
 
 def data_yaml(directory: Path, n_train: int, n_val: int) -> Path:
@@ -94,7 +96,8 @@ def run_workers(cmds: list[list[str]], threads: int, log: Path) -> float:
 
 
 def fitness(row: dict[str, float]) -> float:
-    return 0.1 * row["metrics/mAP_0.5"] + 0.9 * row["metrics/mAP_0.5:0.95"]
+    """train.py's fitness of an evolve.csv or results.csv row (its first four metric columns: P, R, mAP)."""
+    return metrics_fitness([float(row[name]) for name in METRIC_COLUMNS[:4]])
 
 
 def timeline(evolve_dir: Path, started: float) -> list[tuple[float, int, float, bool, int]]:
@@ -142,7 +145,7 @@ def final_fitness(run_dir: Path) -> float:
     """The fitness of a plain run's last validation (its results.csv's last row)."""
     with open(run_dir / "results.csv", newline="") as f:
         rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
-    return fitness({k: float(rows[-1][k]) for k in ("metrics/mAP_0.5", "metrics/mAP_0.5:0.95")})
+    return fitness(rows[-1])
 
 
 def seed_spread(
