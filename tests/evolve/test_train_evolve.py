@@ -167,24 +167,24 @@ def test_a_worker_stopped_mid_trial_is_continued_by_the_next_start_to_the_same_b
     assert (tmp_path / "full" / "evolve.csv").read_bytes() == (tmp_path / "cut" / "evolve.csv").read_bytes()
 
 
-def test_a_trial_far_below_the_finished_ones_is_pruned_after_its_first_epoch(data, tmp_path):
-    args = evolve_args(data, tmp_path, "--evolve", "1", "--epochs", "2")
+def test_a_trial_far_below_the_finished_ones_is_pruned_on_its_first_epoch_after_the_warm_up(data, tmp_path):
+    args = evolve_args(data, tmp_path, "--evolve", "1", "--epochs", "3")  # warm-up 0.5 epochs: epoch 2 is judged
     from train import parse_opt
 
     settings = EvolveSettings.from_options(parse_opt(args[1:]))
     study = Evolution.open(settings, "test").study  # the study as train.py makes it, then two strong results
     dists = {k: optuna.distributions.FloatDistribution(b.low, b.high) for k, b in settings.space.items()}
     params = {k: settings.first_values()[k] for k in settings.space}
-    attrs = {"metrics": [0.9, 0.9, 0.9, 0.9, 0.01, 0.01, 0.01], "epochs": 2}
+    attrs = {"metrics": [0.9, 0.9, 0.9, 0.9, 0.01, 0.01, 0.01], "epochs": 3}
     for _ in range(2):
         study.add_trial(optuna.create_trial(value=0.9, params=params, distributions=dists, user_attrs=attrs,
-                                            intermediate_values={1: 0.8, 2: 0.9}))  # fmt: skip
+                                            intermediate_values={1: 0.8, 2: 0.85, 3: 0.9}))  # fmt: skip
     result = run([sys.executable, *args], train_env(), 300)
     assert result.returncode == 0, describe([result])
-    assert "evolve: trial 0 pruned after epoch 1: fitness" in result.stderr, result.stderr
-    assert "epoch 2/2" not in result.stderr  # it stopped there
+    assert "evolve: trial 0 pruned after epoch 2: fitness" in result.stderr, result.stderr
+    assert "epoch 3/3" not in result.stderr  # it stopped there
     (row,) = [r for r in read_evolve_csv(tmp_path / "exp" / "evolve.csv") if r["trial"] == 0]
-    assert (row["epochs"], row["pruned"]) == (1, 1)
+    assert (row["epochs"], row["pruned"]) == (2, 1)
     assert load_hyp(tmp_path / "exp" / "hyp_evolve.yaml")  # the best: one of the complete trials
 
 

@@ -61,6 +61,18 @@ def test_before_any_trial_has_learned_the_pruner_sees_ties_and_lets_them_go_on(p
     assert stopper(2, 0.01) is True and stopper.pruned_at == 3  # once the others had learned, it is ranked
 
 
+@pytest.mark.parametrize("pruner", ["median", "halving"], indirect=True)
+@pytest.mark.parametrize(("warmup_epochs", "first_judged"), [(1.0, 1), (1.5, 2), (0.5, 1)])
+def test_no_epoch_that_began_in_the_trial_s_warm_up_is_judged(pruner, warmup_epochs, first_judged):
+    """A warm-up of 1 epoch: epoch 1 (index 0) is reported but not judged, epoch 2 (index 1) is; of 1.5, the
+    first judged starts at 2; of 0.5, epoch 1 began in it."""
+    study = study_with_good_trials(pruner)
+    stopper = TrialStopper(patience=100, epochs=4, trial=study.ask(), warmup_epochs=warmup_epochs)
+    assert [stopper(epoch, 0.01) for epoch in range(first_judged)] == [False] * first_judged
+    assert study.trials[-1].intermediate_values == {e + 1: 0.01 for e in range(first_judged)}  # reported all the same
+    assert stopper(first_judged, 0.01) is True and stopper.pruned_at == first_judged + 1
+
+
 def test_a_good_trial_goes_on_and_the_last_epoch_is_never_pruned():
     study = study_with_good_trials(optuna.pruners.MedianPruner(n_startup_trials=2, n_min_trials=2))
     stopper = TrialStopper(patience=100, epochs=3, trial=study.ask())
