@@ -107,7 +107,8 @@ class EvolveSettings:
         return YOLOv5Sampler(self.space, self.hyp, seed=self.seed)
 
     def make_pruner(self) -> optuna.pruners.BasePruner:
-        """The pruner: steps are epochs trained; the first epoch already tells a hopeless trial.
+        """The pruner: steps are epochs trained (a trial is judged from its first epoch after its warm-up, by
+        :class:`~ddp_utils.evolve.trial.TrialStopper`).
 
         ``median``: below the median of the finished trials at the same epoch (two trials at least);
         ``halving``: successive halving (rungs after 1, 3, 9... epochs, the best third goes on); ``off``: none.
