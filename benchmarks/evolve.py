@@ -14,7 +14,8 @@ epoch, still in warm-up, ranked nothing.)
   validated only then, one trial after the other: a budget of T x E trial-epochs.
 - **ours**: ``--workers`` workers started with the same command on one study (SQLite in the run directory), the
   cores split between them, ``--evolve-prune halving``, and as many trials as fit in the same budget of trial-epochs
-  (the study gets 3 x T trials; the table counts what it had spent when it passed the budget, or at its end).
+  (the study gets 3 x T trials; the workers are stopped, by SIGTERM, once its finished trials passed the budget, and
+  the table counts what it had spent then). Each of its trials' fitness after every epoch is kept in the JSON.
 - **the spread of one training** (``--spread-seeds``, untimed): the start trained again with other seeds, so that a
   gap between two best fitnesses can be read against the fitness a seed alone moves.
 
@@ -29,11 +30,13 @@ import argparse
 import csv
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,20 +82,50 @@ def command(args: argparse.Namespace, data: Path, project: Path, name: str, *ext
     ]  # fmt: skip
 
 
-def run_workers(cmds: list[list[str]], threads: int, log: Path) -> float:
-    """Start every command at once (``threads`` CPU threads each); wait for all; the wall time in seconds."""
+def run_workers(cmds: list[list[str]], threads: int, log: Path, stop_when: Callable[[], bool] | None = None) -> float:
+    """Start every command at once (``threads`` CPU threads each); wait for all; the wall time in seconds.
+
+    With ``stop_when``, polled every second: once it says so, every worker gets SIGTERM (a worker stops as any run
+    does, its trial saved and queued again) and the wall time is the time of that signal.
+    """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     start = time.monotonic()
     procs = []
     for i, cmd in enumerate(cmds):
         out = open(log.with_suffix(f".{i}.log"), "w")  # noqa: SIM115 (closed below)
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+    stopped = None
+    while stop_when is not None and stopped is None and any(proc.poll() is None for proc, _ in procs):
+        time.sleep(1.0)
+        if stop_when():
+            stopped = time.monotonic() - start
+            for proc, _ in procs:
+                proc.send_signal(signal.SIGTERM)
     for proc, out in procs:
         proc.wait()
         out.close()
-        if proc.returncode != 0:
+        if proc.returncode != 0 and stopped is None:
             raise SystemExit(f"a worker failed (exit {proc.returncode}): see {out.name}")
-    return time.monotonic() - start
+    return stopped if stopped is not None else time.monotonic() - start
+
+
+def spent(evolve_dir: Path) -> int:
+    """The trial-epochs of the finished trials in an evolution's evolve.csv (0 before the first; a file caught
+    while it is written counts as before)."""
+    try:
+        return sum(int(row["epochs"]) for row in read_evolve_csv(evolve_dir / "evolve.csv"))
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0
+
+
+def curves(evolve_dir: Path) -> dict[int, list[float]]:
+    """Each trial's fitness after every epoch it validated (its results.csv), by trial number."""
+    found = {}
+    for path in sorted((evolve_dir / "trials").glob("*/results.csv")):
+        with open(path, newline="") as f:
+            rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
+        found[int(path.parent.name)] = [round(fitness(row), 5) for row in rows]
+    return found
 
 
 def fitness(row: dict[str, float]) -> float:
@@ -209,9 +242,13 @@ def main() -> None:
         ours_cmd = command(args, data, work, "ours", "--evolve", str(3 * args.trials), "--evolve-prune", args.prune,
                            *weights)  # fmt: skip
         t0 = time.time()
-        ours_wall = run_workers([ours_cmd] * args.workers, max(cores // args.workers, 1), work / "ours")
+        ours_wall = run_workers([ours_cmd] * args.workers, max(cores // args.workers, 1), work / "ours",
+                                stop_when=lambda: spent(work / "ours") >= budget)  # fmt: skip
         ours = summarise(timeline(work / "ours", t0), budget, serial["best_fitness"])
-        ours["run_wall_s"] = round(ours_wall, 1)  # all 3 x T trials, past the budget
+        ours["run_wall_s"] = round(ours_wall, 1)  # stopped once its finished trials spent the budget
+        per_epoch = curves(work / "ours")
+        for row in ours["every_trial"]:
+            row["curve"] = per_epoch.get(row["trial"], [])
         spread = seed_spread(args, data, work, weights, serial["start_fitness"], cores)
     setup = {k: v for k, v in vars(args).items() if k != "out"} | {"cores": cores, "budget_trial_epochs": budget}
     report = {"setup": setup, "serial": serial, "ours": ours, "start_over_seeds": spread}
