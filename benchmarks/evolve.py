@@ -13,9 +13,11 @@ epoch, still in warm-up, ranked nothing.)
 - **serial** (YOLOv5's scheme): one worker, ``--evolve T --evolve-prune off``: every trial trains to its last epoch,
   validated only then, one trial after the other: a budget of T x E trial-epochs.
 - **ours**: ``--workers`` workers started with the same command on one study (SQLite in the run directory), the
-  cores split between them, ``--evolve-prune halving``, and as many trials as fit in the same budget of trial-epochs
+  cores split between them, ``--evolve-prune halving`` (``--prune median halving``: one study per pruner, one after
+  the other, against the same serial run), and as many trials as fit in the same budget of trial-epochs
   (the study gets 3 x T trials; the workers are stopped, by SIGTERM, once its finished trials passed the budget, and
-  the table counts what it had spent then). Each of its trials' fitness after every epoch is kept in the JSON.
+  the table counts what it had spent then). Each of its trials' fitness after every epoch is kept in the JSON (its
+  ``ours`` maps each pruner to its figures; results written before ``--prune`` took several have them directly).
 - **the spread of one training** (``--spread-seeds``, untimed): the start trained again with other seeds, so that a
   gap between two best fitnesses can be read against the fitness a seed alone moves.
 
@@ -207,7 +209,13 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6, help="the serial run's trials (T)")
     parser.add_argument("--epochs", type=int, default=9, help="epochs a trial (E)")
     parser.add_argument("--workers", type=int, default=2, help="our workers, started together")
-    parser.add_argument("--prune", default="halving", choices=["median", "halving"])
+    parser.add_argument(
+        "--prune",
+        nargs="+",
+        default=["halving"],
+        choices=["median", "halving"],
+        help="our pruner; several: one study each, after the same serial run",
+    )
     parser.add_argument("--imgsz", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--n-train", type=int, default=512)
@@ -239,30 +247,33 @@ def main() -> None:
         serial_wall = run_workers([serial_cmd], cores, work / "serial")
         serial = summarise(timeline(work / "serial", t0), budget, None)
         serial["run_wall_s"] = round(serial_wall, 1)
-        ours_cmd = command(args, data, work, "ours", "--evolve", str(3 * args.trials), "--evolve-prune", args.prune,
-                           *weights)  # fmt: skip
-        t0 = time.time()
-        ours_wall = run_workers([ours_cmd] * args.workers, max(cores // args.workers, 1), work / "ours",
-                                stop_when=lambda: spent(work / "ours") >= budget)  # fmt: skip
-        ours = summarise(timeline(work / "ours", t0), budget, serial["best_fitness"])
-        ours["run_wall_s"] = round(ours_wall, 1)  # stopped once its finished trials spent the budget
-        per_epoch = curves(work / "ours")
-        for row in ours["every_trial"]:
-            row["curve"] = per_epoch.get(row["trial"], [])
+        ours = {}
+        for prune in args.prune:  # one study per pruner, one after the other, against the same serial run
+            name = f"ours-{prune}"
+            cmd = command(args, data, work, name, "--evolve", str(3 * args.trials), "--evolve-prune", prune, *weights)
+            t0 = time.time()
+            wall = run_workers([cmd] * args.workers, max(cores // args.workers, 1), work / name,
+                               stop_when=lambda name=name: spent(work / name) >= budget)  # fmt: skip
+            ours[prune] = summarise(timeline(work / name, t0), budget, serial["best_fitness"])
+            ours[prune]["run_wall_s"] = round(wall, 1)  # stopped once its finished trials spent the budget
+            per_epoch = curves(work / name)
+            for row in ours[prune]["every_trial"]:
+                row["curve"] = per_epoch.get(row["trial"], [])
         spread = seed_spread(args, data, work, weights, serial["start_fitness"], cores)
     setup = {k: v for k, v in vars(args).items() if k != "out"} | {"cores": cores, "budget_trial_epochs": budget}
     report = {"setup": setup, "serial": serial, "ours": ours, "start_over_seeds": spread}
     print(json.dumps(report, indent=1))
-    reached = ours["reached_serial_best"]
     print("\n| scheme | trials (pruned) | trial-epochs | start fitness | best fitness (trial) | wall time "
           "| reached the serial best at |\n| --- | --- | --- | --- | --- | --- | --- |")  # fmt: skip
     print(f"| YOLOv5's serial (1 worker, every trial to epoch {args.epochs}) | {serial['trials']} (0) | "
           f"{serial['trial_epochs']} | {shown(serial['start_fitness'])} | {serial['best_fitness']:.5f} "
           f"({serial['best_trial']}) | {serial['wall_s']:.0f} s | - |")  # fmt: skip
-    at = f"{reached['seconds']:.0f} s, {reached['trial_epochs']} trial-epochs" if reached else "not reached"
-    print(f"| ours ({args.workers} workers, {args.prune} pruning) | {ours['trials']} ({ours['pruned']}) | "
-          f"{ours['trial_epochs']} | {shown(ours['start_fitness'])} | {ours['best_fitness']:.5f} "
-          f"({ours['best_trial']}) | {ours['wall_s']:.0f} s | {at} |")  # fmt: skip
+    for prune, row in ours.items():
+        reached = row["reached_serial_best"]
+        at = f"{reached['seconds']:.0f} s, {reached['trial_epochs']} trial-epochs" if reached else "not reached"
+        print(f"| ours ({args.workers} workers, {prune} pruning) | {row['trials']} ({row['pruned']}) | "
+              f"{row['trial_epochs']} | {shown(row['start_fitness'])} | {row['best_fitness']:.5f} "
+              f"({row['best_trial']}) | {row['wall_s']:.0f} s | {at} |")  # fmt: skip
     if spread["std"] is not None:
         print(f"\nThe start over seeds {spread['seeds']}: fitness {', '.join(f'{f:.5f}' for f in spread['fitness'])}, "
               f"standard deviation {spread['std']:.5f}")  # fmt: skip

@@ -3,6 +3,7 @@ float tolerance for any number of processes with the same global batch and --syn
 
 from __future__ import annotations
 
+import csv
 import sys
 from pathlib import Path
 
@@ -80,15 +81,25 @@ def test_ranks_load_together_what_one_process_loads(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_reruns_and_worker_counts_are_bit_identical(tmp_path):
+@pytest.mark.timeout(800)
+def test_reruns_worker_counts_and_validation_every_epoch_are_bit_identical(tmp_path):
+    """The same seed trains the same bits: run again, with loader workers, or validated after every epoch instead of
+    only the last (``--noval``). The last is what makes an evolution's pruned study comparable with YOLOv5's serial
+    one: a trial the pruner watches (validated every epoch) trains what an unwatched one does."""
     data, project, env = tiny_data_yaml(tmp_path), tmp_path / "runs", train_env()
-    for name, workers in (("a", "0"), ("b", "0"), ("w2", "2")):
+    for name, workers in (("a", "0"), ("b", "0"), ("w2", "2"), ("val", "0")):
         cmd = [sys.executable, *train_args(data, project, name, "--epochs", "2", "--workers", workers)]
+        if name == "val":
+            cmd.remove("--noval")
         result = run(cmd, env, 280)
         assert result.returncode == 0, describe([result])
+    first_epoch_val_loss = {}
+    for name in ("a", "val"):
+        first_row = next(csv.DictReader((project / name / "results.csv").read_text().splitlines()))
+        first_epoch_val_loss[name] = float(first_row["val/box_loss"])
+    assert first_epoch_val_loss["a"] == 0 < first_epoch_val_loss["val"], first_epoch_val_loss  # validated, or not
     a = trained(project, "a")
-    for other in ("b", "w2"):
+    for other in ("b", "w2", "val"):
         b = trained(project, other)
         for key in ("train_model", "model"):
             assert all(torch.equal(v, b[key][k]) for k, v in a[key].items()), f"{other} {key}"
