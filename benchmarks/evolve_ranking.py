@@ -41,8 +41,6 @@ from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402
 from ddp_utils.evolve.trial import PRUNE_DECIMALS  # noqa: E402
 from ddp_utils.hyp import load_hyp  # noqa: E402
 
-RECORD_COLUMNS = ("trial", "epochs", "pruned")  # ours, after the hyperparameters
-
 
 def spearman(a: list[float], b: list[float]) -> float:
     """The Spearman rank correlation of two equally long lists (ties ranked by their order: few, at 5 decimals)."""
@@ -95,7 +93,7 @@ def main() -> None:
         cmds = []
         for row in rows:
             number = int(row["trial"])
-            hyp = {**base, **{k: v for k, v in row.items() if k in base and k not in RECORD_COLUMNS}}
+            hyp = {**base, **{k: v for k, v in row.items() if k in base}}  # evolve.csv's hyp columns
             (work / f"hyp{number}.yaml").write_text(json.dumps(hyp))  # JSON is YAML
             cmds.append([
                 sys.executable, str(REPO / "train.py"), "--data", args.data, "--hyp", str(work / f"hyp{number}.yaml"),
