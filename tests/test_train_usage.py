@@ -46,8 +46,12 @@ def test_user_error_under_torchrun_is_one_line_and_named_in_torchruns_report(cas
     # one line from the workers (the node's first process), then torchrun's report naming the cause per rank
     printed = [line for line in errors if not line.lstrip().startswith("traceback :")]
     assert len(printed) == 1 and named in printed[0], describe([result])
+    failures = output[output.index("train.py FAILED") :]
+    assert re.search(r"exitcode\s*: 2 ", failures), describe([result])  # the worker's own code, in the report
     report = output[output.index("Root Cause") :]
-    assert re.search(r"exitcode\s*: 2", report), describe([result])
+    # torchrun's root cause is the earliest error file: the first process's (exit 2), or a follower's that wrote its
+    # file in an earlier second and, lingering for the first to print the line, was ended by the agent (SIGTERM)
+    assert re.search(r"exitcode\s*: (2|-15) ", report), describe([result])
     assert "To enable traceback see" not in report.split("Root Cause")[-1], describe([result])
     assert re.search(rf"traceback\s*: train\.py: error: .*{re.escape(named)}", report), describe([result])
     assert 'train.py", line' not in output, describe([result])  # no worker printed a traceback
