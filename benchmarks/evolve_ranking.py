@@ -30,15 +30,17 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import optuna
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
-from evolve import curves, fitness, run_workers  # noqa: E402
+from evolve import command, curves, fitness, run_workers  # noqa: E402
 
 from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402
-from ddp_utils.evolve.trial import PRUNE_DECIMALS  # noqa: E402
+from ddp_utils.evolve.settings import EvolveSettings  # noqa: E402
+from ddp_utils.evolve.trial import TrialStopper  # noqa: E402
 from ddp_utils.hyp import load_hyp  # noqa: E402
 
 
@@ -49,24 +51,25 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def replay_median(trials: list[dict], epochs: int) -> dict:
-    """train.py's median pruner replayed over fully trained ``trials`` (in order; each ``curve``, ``warmup``)."""
-    done: list[list[float]] = []
+    """train.py's median pruner replayed over fully trained ``trials`` (in order; each ``curve``, ``warmup``): its
+    own :class:`TrialStopper` over the pruner :class:`EvolveSettings` makes, on a study in memory."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    settings = EvolveSettings(generations=len(trials), evolve_dir=Path("replay"), storage_url="", study_name="replay",
+                              hyp={}, space={}, data={}, epochs=epochs, prune="median")  # fmt: skip
+    study = optuna.create_study(direction="maximize", pruner=settings.make_pruner())
     pruned, spent = {}, 0
     for trial in trials:
-        curve = [round(v, PRUNE_DECIMALS) for v in trial["curve"]]
-        cut = None
-        for epoch in range(epochs - 1):  # the last epoch is never pruned
-            if epoch < trial["warmup"] or len(done) < 2:
-                continue
-            median = float(np.percentile([c[epoch] for c in done], 50))
-            if max(curve[: epoch + 1]) < median:
-                cut = epoch + 1
+        live = study.ask()
+        stopper = TrialStopper(patience=epochs, epochs=epochs, trial=live, warmup_epochs=trial["warmup"])
+        for epoch, value in enumerate(trial["curve"]):
+            if stopper(epoch, value):
                 break
-        spent += cut or epochs
-        if cut:
-            pruned[trial["trial"]] = cut
+        spent += stopper.pruned_at or epochs
+        if stopper.pruned_at:
+            pruned[trial["trial"]] = stopper.pruned_at
+            study.tell(live, state=optuna.trial.TrialState.PRUNED)
         else:
-            done.append(curve)
+            study.tell(live, trial["curve"][-1])
     best = max(trials, key=lambda t: t["final"])["trial"]
     return {"pruned_after_epoch": pruned, "trial_epochs": spent, "of": epochs * len(trials), "best": best,
             "best_kept": best not in pruned}  # fmt: skip
@@ -95,13 +98,9 @@ def main() -> None:
             number = int(row["trial"])
             hyp = {**base, **{k: v for k, v in row.items() if k in base}}  # evolve.csv's hyp columns
             (work / f"hyp{number}.yaml").write_text(json.dumps(hyp))  # JSON is YAML
-            cmds.append([
-                sys.executable, str(REPO / "train.py"), "--data", args.data, "--hyp", str(work / f"hyp{number}.yaml"),
-                "--imgsz", str(args.imgsz), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                "--device", "cpu", "--workers", "1", "--project", str(work / "trials"), "--name", str(number),
-                "--seed", str(args.seed), "--progress", "off", "--noplots", "--exist-ok",
-                *(("--weights", args.weights) if args.weights else ()),
-            ])  # fmt: skip
+            extra = ("--hyp", str(work / f"hyp{number}.yaml"), "--noplots", "--exist-ok")
+            extra += ("--weights", args.weights) if args.weights else ()
+            cmds.append(command(args, Path(args.data), work / "trials", str(number), *extra))
         for i in range(0, len(cmds), args.workers):
             run_workers(cmds[i : i + args.workers], max(cores // args.workers, 1), work / f"batch{i}")
         found = curves(work)

@@ -3,10 +3,7 @@ analyses are measurements)."""
 
 from __future__ import annotations
 
-import optuna
 import pytest
-
-from ddp_utils.evolve.trial import TrialStopper
 
 from .test_benchmarks_cpu_speed import load
 
@@ -23,26 +20,6 @@ def test_rank_correlation_reads_order_not_values():
     assert ranking.spearman([0.1, 0.2, 0.3], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
 
 
-def optuna_replay(trials: list[dict]) -> dict[int, int]:
-    """The same trials through train.py's own pruner (TrialStopper over Optuna's median pruner), one after another."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0, n_min_trials=2)
-    study = optuna.create_study(direction="maximize", pruner=pruner)
-    cut = {}
-    for t in trials:
-        live = study.ask()
-        stopper = TrialStopper(patience=100, epochs=EPOCHS, trial=live, prune=True, warmup_epochs=t["warmup"])
-        for epoch, value in enumerate(t["curve"]):
-            if stopper(epoch, value):
-                break
-        if stopper.pruned_at:
-            cut[t["trial"]] = stopper.pruned_at
-            study.tell(live, state=optuna.trial.TrialState.PRUNED)
-        else:
-            study.tell(live, t["curve"][-1])
-    return cut
-
-
 def test_the_replay_cuts_what_train_py_s_pruner_cuts():
     trials = [
         trial(0, [0.5, 0.6, 0.7, 0.8]),
@@ -53,6 +30,6 @@ def test_the_replay_cuts_what_train_py_s_pruner_cuts():
         trial(5, [0.45, 0.55, 0.65, 0.75]),  # the median of 0.5, 0.4 and 0.7 at epoch 1 is 0.5
     ]
     replay = ranking.replay_median(trials, EPOCHS)
-    assert replay["pruned_after_epoch"] == optuna_replay(trials) == {2: 1, 3: 2, 5: 1}
+    assert replay["pruned_after_epoch"] == {2: 1, 3: 2, 5: 1}
     assert replay["trial_epochs"] == 4 + 4 + 1 + 2 + 4 + 1
     assert replay["best"] == 2 and not replay["best_kept"]
