@@ -225,10 +225,14 @@ def main() -> None:
     parser.add_argument("--start", nargs="*", default=[], help="KEY=VALUE over the shapes hyp: the start")
     parser.add_argument("--spread-seeds", type=int, default=2, help="other seeds the start is trained with (untimed)")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
+    parser.add_argument("--keep", type=Path, help="work in this new directory and keep it (data, runs, logs)")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
+    if args.keep is not None and args.keep.exists():
+        raise SystemExit(f"--keep {args.keep}: it exists; give a new directory")
     with tempfile.TemporaryDirectory(prefix="evolve-bench-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp) if args.keep is None else args.keep.resolve()
+        work.mkdir(parents=True, exist_ok=True)
         data = data_yaml(work, args.n_train, args.n_val)
         make = f"from ddp_utils.data.config import check_dataset; check_dataset('{data}')"  # the images, before a clock
         subprocess.run([sys.executable, "-c", make], cwd=REPO, check=True, capture_output=True)
@@ -260,7 +264,8 @@ def main() -> None:
             for row in ours[prune]["every_trial"]:
                 row["curve"] = per_epoch.get(row["trial"], [])
         spread = seed_spread(args, data, work, weights, serial["start_fitness"], cores)
-    setup = {k: v for k, v in vars(args).items() if k != "out"} | {"cores": cores, "budget_trial_epochs": budget}
+    setup = {k: v for k, v in vars(args).items() if k not in ("out", "keep")}
+    setup |= {"cores": cores, "budget_trial_epochs": budget}
     report = {"setup": setup, "serial": serial, "ours": ours, "start_over_seeds": spread}
     print(json.dumps(report, indent=1))
     print("\n| scheme | trials (pruned) | trial-epochs | start fitness | best fitness (trial) | wall time "

@@ -1,5 +1,5 @@
 """benchmarks/evolve_ranking.py: its rank correlation and its replay of train.py's median pruner (the runs it
-analyses are measurements)."""
+analyses are measurements); benchmarks/evolve_odds.py: its odds against cases worked out by hand."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from .test_benchmarks_cpu_speed import load
 
 ranking = load("evolve_ranking")
+odds = load("evolve_odds")
 EPOCHS = 4
 
 
@@ -33,3 +34,24 @@ def test_the_replay_cuts_what_train_py_s_pruner_cuts():
     assert replay["pruned_after_epoch"] == {2: 1, 3: 2, 5: 1}
     assert replay["trial_epochs"] == 4 + 4 + 1 + 2 + 4 + 1
     assert replay["best"] == 2 and not replay["best_kept"]
+
+
+def test_the_odds_where_the_budget_holds_only_the_start_are_the_start_s_chance_to_be_best():
+    # T = 3: a third of 3 x E is E, the start's own training; ours meets the goal only if the start is the serial best
+    assert odds.goal_odds(3, 10, 2, samples=40_000) == pytest.approx(1 / 3, abs=0.01)
+    # T = 2: the start alone spends more than a third of the budget
+    assert odds.goal_odds(2, 10, 2, samples=1_000) == 0.0
+
+
+def test_the_odds_of_a_case_worked_out_by_hand():
+    # T = 6, E = 3, a cut after 1 epoch, budget 6: after the start (3), the first new trial either completes as the
+    # best so far (6) or is cut (4), after which no record fits. Met if the start is the best of the serial six (1/6)
+    # or the first new trial is the best of all seven (1/7), less both (1/42): 2/7
+    assert odds.goal_odds(6, 3, 1, samples=100_000) == pytest.approx(2 / 7, abs=0.006)
+
+
+def test_the_odds_grow_with_cheaper_cuts_and_more_trials_and_refuse_nonsense():
+    assert odds.goal_odds(12, 10, 1) > odds.goal_odds(12, 10, 2) > odds.goal_odds(12, 10, 5)
+    assert odds.goal_odds(30, 10, 2) > odds.goal_odds(12, 10, 2)
+    with pytest.raises(ValueError, match="judged_after"):
+        odds.goal_odds(12, 10, 10)
