@@ -11,9 +11,9 @@ after every epoch, ``--workers`` runs at a time (the cores split between them), 
 - the last epoch's fitness against the one evolve.csv recorded (the same values and seed, another thread count):
   the noise of one training, for these values;
 - the median pruner replayed over the trials in their order (train.py's ``--evolve-prune median``: judged from the
-  first epoch after the trial's warm-up, the trial's best fitness so far, to 3 decimals, below the median of the
-  complete trials' at that epoch, once two are complete; the last epoch never): which trials it cuts, at which
-  epoch, the trial-epochs it spends, and whether it keeps the best.
+  first epoch after the trial's warm-up, ``warmup_min_iters`` counted, on the trial's best fitness so far, to 3
+  decimals, below the median of the complete trials' at that epoch, once two are complete; the last epoch never):
+  which trials it cuts, at which epoch, the trial-epochs it spends, and whether it keeps the best.
 
 An evolution of YOLOv5's serial scheme (``--evolve-prune off``) suits it best: every trial trained to its end, so the
 replay judges every trial the study drew, not only those another pruner let through.
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -38,6 +39,9 @@ sys.path.insert(0, str(REPO))
 
 from evolve import command, curves, fitness, run_workers  # noqa: E402
 
+from ddp_utils.data.config import check_dataset  # noqa: E402
+from ddp_utils.data.labels import IMG_FORMATS  # noqa: E402
+from ddp_utils.engine.optim import Warmup  # noqa: E402
 from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402
 from ddp_utils.evolve.settings import EvolveSettings  # noqa: E402
 from ddp_utils.evolve.trial import TrialStopper  # noqa: E402
@@ -48,6 +52,24 @@ def spearman(a: list[float], b: list[float]) -> float:
     """The Spearman rank correlation of two equally long lists (ties ranked by their order: few, at 5 decimals)."""
     ra, rb = (np.argsort(np.argsort(np.asarray(x), kind="stable"), kind="stable") for x in (a, b))
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def warmup_epochs(hyp: dict, batches_per_epoch: int) -> float:
+    """How many epochs a training of ``hyp`` warms up for: train.py's own :class:`Warmup`, ``warmup_min_iters``
+    counted (what the pruner waits for)."""
+    params = [torch.zeros(1, requires_grad=True)]
+    warmup = Warmup(torch.optim.SGD(params, lr=0.1), lambda epoch: 1.0, batches_per_epoch, float(hyp["warmup_epochs"]),
+                    min_iters=int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
+    return warmup.epochs
+
+
+def batches(data: str, batch_size: int) -> int:
+    """Batches per epoch of one process over the data yaml's train images (a directory of them)."""
+    train = check_dataset(data)["train"]
+    if not isinstance(train, str) or not Path(train).is_dir():
+        raise SystemExit(f"{data}: its train images are no single directory; give --batches-per-epoch")
+    images = [p for p in Path(train).rglob("*") if p.suffix[1:].lower() in IMG_FORMATS]
+    return -(-len(images) // batch_size)
 
 
 def replay_median(trials: list[dict], epochs: int) -> dict:
@@ -86,10 +108,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="runs at a time")
+    parser.add_argument("--batches-per-epoch", type=int, help="default: the train images over --batch-size")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rows = read_evolve_csv(args.evolve_csv)
     base = load_hyp(args.hyp)
+    nb = args.batches_per_epoch or batches(args.data, args.batch_size)
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="evolve-ranking-") as tmp:
         work = Path(tmp)
@@ -104,8 +128,9 @@ def main() -> None:
         for i in range(0, len(cmds), args.workers):
             run_workers(cmds[i : i + args.workers], max(cores // args.workers, 1), work / f"batch{i}")
         found = curves(work)
-    trials = [{"trial": int(row["trial"]), "recorded": round(fitness(row), 5), "warmup": float(row["warmup_epochs"]),
-               "curve": found[int(row["trial"])], "final": found[int(row["trial"])][-1]}
+    trials = [{"trial": int(row["trial"]), "recorded": round(fitness(row), 5),
+               "warmup": warmup_epochs({**base, **row}, nb), "curve": found[int(row["trial"])],
+               "final": found[int(row["trial"])][-1]}
               for row in rows]  # fmt: skip
     finals = [t["final"] for t in trials]
     by_epoch = [round(spearman([t["curve"][e] for t in trials], finals), 3) for e in range(args.epochs - 1)]

@@ -280,8 +280,8 @@ class Warmup:
         >>> model = nn.Linear(2, 1)
         >>> opt = smart_optimizer(model, lr=0.01)
         >>> warmup = Warmup(opt, linear_lr(0.01, 10), nb=10, warmup_epochs=3)
-        >>> warmup.iters
-        100
+        >>> warmup.iters, warmup.epochs  # min_iters: 100 iterations, 10 epochs of 10 batches
+        (100, 10.0)
         >>> warmup.step(0, epoch=0), opt.param_groups[0]["lr"], opt.param_groups[1]["lr"]
         (True, 0.1, 0.0)
         >>> warmup.step(100, epoch=0), opt.param_groups[0]["lr"], opt.param_groups[1]["lr"]
@@ -304,11 +304,17 @@ class Warmup:
         self.optimizer = optimizer
         self.lf = lf
         self.iters = max(round(warmup_epochs * nb), min_iters) if warmup_epochs > 0 else 0
+        self.nb = nb
         self.warmup_bias_lr = warmup_bias_lr
         self.warmup_momentum = warmup_momentum
         self.momentum = momentum
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])  # a LambdaLR built first has set it already
+
+    @property
+    def epochs(self) -> float:
+        """The warm-up's length in epochs: ``warmup_epochs``, or more where ``min_iters`` lengthens it."""
+        return self.iters / self.nb if self.nb else 0.0
 
     def active(self, ni: int) -> bool:
         """True while iteration ``ni`` (counted from the start of training) is in the warm-up."""

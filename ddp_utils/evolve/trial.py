@@ -79,18 +79,21 @@ class TrialStopper(EarlyStopping):
     ones that learn later; rounded, those values tie, and both pruners let a tie go on (a trial is cut only below
     the median, or outside the best third, of its rung).
 
-    Nor is a trial judged on an epoch that began inside its warm-up (its hyp's ``warmup_epochs``; the first epoch
-    judged is the first to start after it): the warm-up's values are among those evolved, and while they act (a bias
-    lr of 0.1 falling, momentum rising) the fitness measures how hard the warm-up shakes the model, not where the
-    trial is going. Fine-tuning from a model at fitness 0.675, trials fell to 0.49-0.68 in a warm-up epoch, and the
-    median pruner cut 23 of 32 there (docs/evolve.md). Such epochs are still reported, for the others' medians.
+    Nor is a trial judged on an epoch that began inside its warm-up (the first epoch judged is the first to start
+    after it; train.py gives the warm-up's length as the training has it, longer than the hyp's ``warmup_epochs``
+    where ``warmup_min_iters`` outlasts it on a dataset of few batches): the warm-up's values are among those
+    evolved, and while they act (a bias lr of 0.1 falling, momentum rising) the fitness measures how hard the warm-up
+    shakes the model, not where the trial is going. Fine-tuning from a model at fitness 0.675, trials fell to
+    0.49-0.68 in a warm-up epoch, and the median pruner cut 23 of 32 there (docs/evolve.md). Such epochs are still
+    reported, for the others' medians.
 
     Args:
         patience: ``--patience``.
         epochs: the trial's epochs.
         trial: the study's trial (rank 0), or None (other ranks; or no pruning).
         prune: whether the pruner may stop the trial (``--evolve-prune`` not ``off``).
-        warmup_epochs: the trial's hyp ``warmup_epochs``: no pruning on an epoch that starts before it ends.
+        warmup_epochs: the trial's warm-up in epochs (its hyp's ``warmup_epochs``; train.py sets the length the
+            training's warm-up has, ``warmup_min_iters`` counted): no pruning on an epoch that starts before it ends.
 
     Attributes:
         pruned_at: epochs trained when the pruner stopped the trial, or None.

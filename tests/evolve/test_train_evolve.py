@@ -52,7 +52,9 @@ def data(tmp_path_factory) -> dict[str, Path]:
     hyp = load_hyp("hyp.shapes.yaml") | {"warmup_epochs": 0.5, "warmup_min_iters": 2, "nbs": 8}
     (root / "hyp.yaml").write_text(yaml.safe_dump(hyp, sort_keys=False))
     (root / "hyp_diverges.yaml").write_text(yaml.safe_dump(hyp | {"obj": 1e39}, sort_keys=False))  # inf in fp32
-    return {"data": data_yaml, "hyp": root / "hyp.yaml", "hyp_diverges": root / "hyp_diverges.yaml", "root": root}
+    (root / "hyp_long_warmup.yaml").write_text(yaml.safe_dump(hyp | {"warmup_min_iters": 6}, sort_keys=False))
+    return {"data": data_yaml, "hyp": root / "hyp.yaml", "hyp_diverges": root / "hyp_diverges.yaml",
+            "hyp_long_warmup": root / "hyp_long_warmup.yaml", "root": root}  # fmt: skip
 
 
 def evolve_args(data: dict[str, Path], project: Path, *extra: str, name: str = "exp") -> list[str]:
@@ -167,24 +169,34 @@ def test_a_worker_stopped_mid_trial_is_continued_by_the_next_start_to_the_same_b
     assert (tmp_path / "full" / "evolve.csv").read_bytes() == (tmp_path / "cut" / "evolve.csv").read_bytes()
 
 
-def test_a_trial_far_below_the_finished_ones_is_pruned_on_its_first_epoch_after_the_warm_up(data, tmp_path):
-    args = evolve_args(data, tmp_path, "--evolve", "1", "--epochs", "3")  # warm-up 0.5 epochs: epoch 2 is judged
+@pytest.mark.parametrize(
+    ("hyp", "epochs", "judged"),
+    [
+        ("hyp", 3, 2),  # a warm-up of 0.5 epochs (2 of the 4 batches an epoch): epoch 2 is the first judged
+        ("hyp_long_warmup", 4, 3),  # warmup_min_iters 6 lengthens it to 1.5 epochs: epoch 2 began in it, 3 did not
+    ],
+)
+def test_a_trial_far_below_the_finished_ones_is_pruned_on_its_first_epoch_after_the_warm_up(
+    data, tmp_path, hyp, epochs, judged
+):
+    args = evolve_args(data, tmp_path, "--evolve", "1", "--epochs", str(epochs))
+    args[args.index("--hyp") + 1] = str(data[hyp])
     from train import parse_opt
 
     settings = EvolveSettings.from_options(parse_opt(args[1:]))
     study = Evolution.open(settings, "test").study  # the study as train.py makes it, then two strong results
     dists = {k: optuna.distributions.FloatDistribution(b.low, b.high) for k, b in settings.space.items()}
     params = {k: settings.first_values()[k] for k in settings.space}
-    attrs = {"metrics": [0.9, 0.9, 0.9, 0.9, 0.01, 0.01, 0.01], "epochs": 3}
+    attrs = {"metrics": [0.9, 0.9, 0.9, 0.9, 0.01, 0.01, 0.01], "epochs": epochs}
     for _ in range(2):
         study.add_trial(optuna.create_trial(value=0.9, params=params, distributions=dists, user_attrs=attrs,
-                                            intermediate_values={1: 0.8, 2: 0.85, 3: 0.9}))  # fmt: skip
+                                            intermediate_values={e: 0.8 for e in range(1, epochs + 1)}))  # fmt: skip
     result = run([sys.executable, *args], train_env(), 300)
     assert result.returncode == 0, describe([result])
-    assert "evolve: trial 0 pruned after epoch 2: fitness" in result.stderr, result.stderr
-    assert "epoch 3/3" not in result.stderr  # it stopped there
+    assert f"evolve: trial 0 pruned after epoch {judged}: fitness" in result.stderr, result.stderr
+    assert f"epoch {judged + 1}/{epochs}" not in result.stderr  # it stopped there
     (row,) = [r for r in read_evolve_csv(tmp_path / "exp" / "evolve.csv") if r["trial"] == 0]
-    assert (row["epochs"], row["pruned"]) == (2, 1)
+    assert (row["epochs"], row["pruned"]) == (judged, 1)
     assert load_hyp(tmp_path / "exp" / "hyp_evolve.yaml")  # the best: one of the complete trials
 
 
