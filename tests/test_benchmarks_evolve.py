@@ -55,3 +55,17 @@ def test_the_odds_grow_with_cheaper_cuts_and_more_trials_and_refuse_nonsense():
     assert odds.goal_odds(30, 10, 2) > odds.goal_odds(12, 10, 2)
     with pytest.raises(ValueError, match="judged_after"):
         odds.goal_odds(12, 10, 10)
+
+
+def test_the_replay_waits_for_the_warm_up_as_train_py_has_it(tmp_path):
+    assert ranking.warmup_epochs({"warmup_epochs": 1.0, "warmup_min_iters": 20}, 32) == 1.0  # the shapes hyp
+    assert ranking.warmup_epochs({"warmup_epochs": 3.0}, 8) == 12.5  # YOLOv5's 100 iterations over coco128's 8 batches
+    assert ranking.warmup_epochs({"warmup_epochs": 0.0}, 8) == 0.0
+    (tmp_path / "images" / "train").mkdir(parents=True)
+    (tmp_path / "images" / "val").mkdir()
+    for i in range(33):
+        (tmp_path / "images" / "train" / f"{i}.jpg").touch()
+    (tmp_path / "notes.txt").touch()
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {tmp_path}\ntrain: images/train\nval: images/val\nnames: {{0: a}}\n")
+    assert ranking.batches(str(data), 16) == 3  # 33 images: two full batches and one of 1
