@@ -68,13 +68,15 @@ def test_a_sigkilled_worker_costs_at_most_the_save_interval(data, tmp_path):  # 
     cmd = torchrun(2, *args(data, tmp_path, "run", "--epochs", "3", "--workers", "0", *INTERVAL),
                    extra=("--max-restarts", "1"))  # fmt: skip
     holder: dict[str, subprocess.Popen] = {}
-    weights, in_flight = tmp_path / "run" / "weights", []
+    weights, in_flight, on_disk = tmp_path / "run" / "weights", [], []
 
     def kill_rank0() -> None:  # the writer itself, once the epoch's second save is on disk
         pid = _worker_pids(holder["proc"].pid)[0]
         wait_for_save(weights / "last.pt", 2, watch.saves[1])
         os.kill(pid, signal.SIGSTOP)  # frozen: what is on disk now is what the restart finds
         in_flight.append(bool(list(weights.glob(f".last.pt.{pid}.*.tmp"))))  # a newer save cut mid-write
+        state = TrainState.from_checkpoint(load_checkpoint(weights / "last.pt"))  # whole: written by rename
+        on_disk.append((state.epoch + 1, state.batch))
         os.kill(pid, signal.SIGKILL)
 
     watch = SecondSaveInEpoch(2, kill_rank0)
@@ -87,13 +89,15 @@ def test_a_sigkilled_worker_costs_at_most_the_save_interval(data, tmp_path):  # 
     assert result.returncode == 0 and watch.done.is_set(), describe([result])
     resumed = RESUMED.search(result.stderr)
     assert resumed, describe([result])  # the restarted workers found their run and its mid-epoch last.pt
-    # what the kill cost: the steps since the last save logged before it, or, when the kill cut that
-    # save's background write, since the one before it (complete: each save waits for the one before)
+    # the restart continues from the last.pt on disk at the kill; what the kill cost: the steps since the last
+    # save logged before it or, when the kill cut that save's background write, since the one before it (whole:
+    # each save waits for the one before). A save whose write had begun but whose line was not out yet leaves the
+    # last logged one on disk, a write in flight beside it.
     logged = saves_before(result.stderr, resumed.start(), 2)
-    kept = logged[-2] if in_flight[0] else logged[-1]
-    print(f"epoch 2's saves logged before the kill: batches {logged}; one cut mid-write: {in_flight[0]}")
-    assert (int(resumed.group(1)), int(resumed.group(2))) == (2, kept), (logged, in_flight, resumed.group(0))
-    assert kept >= watch.saves[1]  # the second save of the epoch, on disk before the kill, is never lost
+    print(f"epoch 2's saves logged before the kill: batches {logged}; a write cut: {in_flight[0]}; on disk {on_disk}")
+    assert (int(resumed.group(1)), int(resumed.group(2))) == on_disk[0], (logged, in_flight, resumed.group(0))
+    assert on_disk[0] == (2, logged[-1]) or (in_flight[0] and on_disk[0] == (2, logged[-2])), (logged, in_flight)
+    assert on_disk[0][1] >= watch.saves[1]  # the second save of the epoch, on disk before the kill, is never lost
     assert [r["epoch"] for r in results(tmp_path / "run")] == [0.0, 1.0, 2.0]  # each epoch once
     assert TrainState.from_checkpoint(load_checkpoint(tmp_path / "run" / "weights" / "last.pt")).epoch == 3
 
