@@ -100,7 +100,7 @@ def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, 
     record_run(run, info)
     # ---- optimizer, EMA, loss, DDP ----
     fit = build_training(run, model, device, info, gs, (train_loader, val_loader, dataset.labels))
-    if stopper is not None and fit.step.warmup is not None:  # an evolve trial: judged once its warm-up, as run, ends
+    if stopper is not None:  # an evolve trial: judged once its warm-up, as the training has it, ends
         stopper.warmup_epochs = fit.step.warmup.epochs
     # ---- epochs, then finish ----
     return train(run, fit, device, info, stopper)

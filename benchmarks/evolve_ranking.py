@@ -40,8 +40,8 @@ sys.path.insert(0, str(REPO))
 from evolve import command, curves, fitness, run_workers  # noqa: E402
 
 from ddp_utils.data.config import check_dataset  # noqa: E402
-from ddp_utils.data.labels import IMG_FORMATS  # noqa: E402
-from ddp_utils.engine.optim import Warmup  # noqa: E402
+from ddp_utils.data.labels import find_images  # noqa: E402
+from ddp_utils.engine.optim_setup import optimizer_from_hyp  # noqa: E402
 from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402
 from ddp_utils.evolve.settings import EvolveSettings  # noqa: E402
 from ddp_utils.evolve.trial import TrialStopper  # noqa: E402
@@ -55,21 +55,15 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def warmup_epochs(hyp: dict, batches_per_epoch: int) -> float:
-    """How many epochs a training of ``hyp`` warms up for: train.py's own :class:`Warmup`, ``warmup_min_iters``
-    counted (what the pruner waits for)."""
-    params = [torch.zeros(1, requires_grad=True)]
-    warmup = Warmup(torch.optim.SGD(params, lr=0.1), lambda epoch: 1.0, batches_per_epoch, float(hyp["warmup_epochs"]),
-                    min_iters=int(hyp.get("warmup_min_iters", 100)))  # fmt: skip
-    return warmup.epochs
+    """How many epochs a training of ``hyp`` warms up for, ``warmup_min_iters`` counted (what the pruner waits for):
+    the warm-up train.py builds (the batch size and the epochs do not bear on its length)."""
+    setup = optimizer_from_hyp(torch.nn.Linear(1, 1), hyp, batch_size=1, epochs=1, batches_per_epoch=batches_per_epoch)
+    return setup.warmup.epochs
 
 
 def batches(data: str, batch_size: int) -> int:
-    """Batches per epoch of one process over the data yaml's train images (a directory of them)."""
-    train = check_dataset(data)["train"]
-    if not isinstance(train, str) or not Path(train).is_dir():
-        raise SystemExit(f"{data}: its train images are no single directory; give --batches-per-epoch")
-    images = [p for p in Path(train).rglob("*") if p.suffix[1:].lower() in IMG_FORMATS]
-    return -(-len(images) // batch_size)
+    """Batches per epoch of one process over the data yaml's train images (found as the dataset finds them)."""
+    return -(-len(find_images(check_dataset(data)["train"])) // batch_size)
 
 
 def replay_median(trials: list[dict], epochs: int) -> dict:

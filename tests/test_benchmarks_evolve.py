@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from ddp_utils.hyp import load_hyp
+
 from .test_benchmarks_cpu_speed import load
 
 ranking = load("evolve_ranking")
@@ -58,9 +60,12 @@ def test_the_odds_grow_with_cheaper_cuts_and_more_trials_and_refuse_nonsense():
 
 
 def test_the_replay_waits_for_the_warm_up_as_train_py_has_it(tmp_path):
-    assert ranking.warmup_epochs({"warmup_epochs": 1.0, "warmup_min_iters": 20}, 32) == 1.0  # the shapes hyp
-    assert ranking.warmup_epochs({"warmup_epochs": 3.0}, 8) == 12.5  # YOLOv5's 100 iterations over coco128's 8 batches
-    assert ranking.warmup_epochs({"warmup_epochs": 0.0}, 8) == 0.0
+    shapes = load_hyp("hyp.shapes.yaml")
+    assert shapes["warmup_epochs"] == 1.0 and shapes["warmup_min_iters"] == 20
+    yolov5 = {k: v for k, v in shapes.items() if k != "warmup_min_iters"}  # YOLOv5's: 100, train.py's default
+    assert ranking.warmup_epochs(shapes, 32) == 1.0
+    assert ranking.warmup_epochs(yolov5 | {"warmup_epochs": 3.0}, 8) == 12.5  # 100 iterations of coco128's 8 batches
+    assert ranking.warmup_epochs(shapes | {"warmup_epochs": 0.0}, 8) == 0.0
     (tmp_path / "images" / "train").mkdir(parents=True)
     (tmp_path / "images" / "val").mkdir()
     for i in range(33):

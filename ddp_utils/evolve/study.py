@@ -196,8 +196,8 @@ def evolve(opt: argparse.Namespace, info: DistInfo, device: Any, train_run: Trai
         if plan is None:
             break
         trial = claimed[0] if claimed else None
-        warmup = plan.hyp.get("warmup_epochs", 0.0)  # the pruner waits for the warm-up (train.py: its real length)
-        stopper = TrialStopper(opt.patience, settings.epochs, trial, settings.prune != "off", warmup)
+        # the pruner waits for the trial's warm-up: train_run gives the stopper its length as the training has it
+        stopper = TrialStopper(opt.patience, settings.epochs, trial, settings.prune != "off")
         run_opt = plan.options(opt, prune=settings.prune != "off")
         outcome = run_trial(evolution, trial, functools.partial(train_run, run_opt, trial_info, device, stopper), info)
         if outcome == "stopped":

@@ -92,8 +92,8 @@ class TrialStopper(EarlyStopping):
         epochs: the trial's epochs.
         trial: the study's trial (rank 0), or None (other ranks; or no pruning).
         prune: whether the pruner may stop the trial (``--evolve-prune`` not ``off``).
-        warmup_epochs: the trial's warm-up in epochs (its hyp's ``warmup_epochs``; train.py sets the length the
-            training's warm-up has, ``warmup_min_iters`` counted): no pruning on an epoch that starts before it ends.
+        warmup_epochs: the trial's warm-up in epochs (train.py sets the length the training's warm-up has,
+            ``warmup_min_iters`` counted): no pruning on an epoch that starts before it ends.
 
     Attributes:
         pruned_at: epochs trained when the pruner stopped the trial, or None.
