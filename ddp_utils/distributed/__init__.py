@@ -19,7 +19,7 @@ so the same code runs under ``python`` and under ``torchrun``/``srun``.
   group's store with a heartbeat instead of barriers.
 - ``watchdog.py``: :class:`StallWatchdog`: a rank that stops making progress is named within
   minutes (its verdict rules in ``stall.py``), every rank's stack printed, and the job ended with
-  :data:`STALL_EXIT_CODE` for the launcher to restart it.
+  :data:`STALL_EXIT_CODE` for the launcher to restart it (how ranks part in ``parting.py``).
 - ``store.py``: the group's store (:func:`default_store`), and :class:`BoundedStore`: a private
   connection to it whose calls a thread waits for with a deadline.
 - ``errors.py``: :func:`exit_usage_error` (a user's mistake: one line per node, named in

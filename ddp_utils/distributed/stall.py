@@ -1,4 +1,4 @@
-"""Who stalled: the stall watchdog's verdict from every rank's last progress report, how it is told, how ranks part.
+"""Who stalled: the stall watchdog's verdict from every rank's last progress report, and how it is told.
 
 Pure functions over :class:`RankView` (one rank as an observer sees it, on the observer's own
 clock), so the rules can be read, and tested, apart from threads and stores. The rules:
@@ -27,19 +27,9 @@ when the next judgement, on newer reports, finds the same ranks stalled.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
-import sys
-import threading
-import time
-import traceback
 from dataclasses import dataclass
-from typing import NoReturn
-
-from .errors import record_error_for_launcher
-from .store import BoundedStore, StoreLostError
 
 WAITING_MODULES = (  # a main thread whose innermost frame is here is probably waiting for the others
     "torch.distributed",
@@ -251,69 +241,3 @@ def is_waiting_frame(module: str) -> bool:
         (True, False)
     """
     return module.startswith(WAITING_MODULES)
-
-
-def write_stderr(text: str) -> None:
-    """Straight to file descriptor 2: a main thread stuck inside a write holds sys.stderr's lock."""
-    data = text.encode("utf-8", "replace")
-    with contextlib.suppress(OSError):
-        while data:
-            data = data[os.write(2, data) :]
-
-
-def flush_stdio(timeout: float = 2.0) -> None:
-    """Flush sys.stdout and sys.stderr, giving up after ``timeout`` (a main thread may hold their locks)."""
-
-    def flush() -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-
-    thread = threading.Thread(target=flush, name="ddp_utils-flush", daemon=True)
-    thread.start()
-    thread.join(timeout)
-
-
-def thread_stack(ident: int, header: str, prefix: str = "") -> str:
-    """``header`` and the stack of the thread ``ident``, every line after ``prefix``.
-
-    Examples:
-        >>> import threading
-        >>> print(thread_stack(threading.get_ident(), "here:", prefix="[rank 0] ").splitlines()[0])
-        [rank 0] here:
-    """
-    frame = sys._current_frames().get(ident)
-    body = traceback.format_stack(frame) if frame is not None else ["  (the thread has ended)\n"]
-    lines = [line for chunk in body for line in chunk.rstrip("\n").split("\n")]
-    return "".join(f"{prefix}{line}\n" for line in [header, *lines])
-
-
-def part_in_order(
-    link: BoundedStore, rank: int, verdict_key: str, deciding: bool, live: list[int], grace: float
-) -> None:
-    """Acknowledge a verdict over ``link``. The decider waits for every live rank's stack before it says why;
-    rank 0 (the store's host under env://) leaves last, so that no rank's last call meets a closed store.
-    Waits at most ``grace`` seconds; a lost store ends the waiting."""
-    deadline = time.monotonic() + grace
-    acks, left = f"{verdict_key}/acks", f"{verdict_key}/left"
-
-    def wait_for(key: str, count: int) -> None:
-        while link.call(lambda store: store.add(key, 0), timeout=grace) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    with contextlib.suppress(StoreLostError):
-        link.call(lambda store: store.add(acks, 1), timeout=grace)
-        if deciding:
-            wait_for(acks, len(live))
-        if rank != 0:
-            link.call(lambda store: store.add(left, 1), timeout=grace)
-        else:
-            wait_for(left, len([other for other in live if other != 0]))
-
-
-def exit_for_restart(lines: list[str], for_launcher: str, code: int) -> NoReturn:
-    """Print ``lines``, leave ``for_launcher`` in torchrun's error file, flush stdio, and exit with ``code`` at once."""
-    write_stderr("".join(f"{line}\n" for line in lines))
-    record_error_for_launcher(for_launcher)
-    flush_stdio()
-    os._exit(code)

@@ -30,8 +30,9 @@ requeue) and it resumes from its last save.
   :mod:`.store`): the thread keeps a private connection and a deadline of its own
   (``store_timeout``); losing the store ends the rank the same way, and says so.
 - **Ending.** The first rank to decide stores its verdict (compare-and-set: exactly one wins); every
-  live rank prints its stack and acknowledges; then the decider prints the blame line, the others a
-  one-line "stopping", each leaves its line in torchrun's error file, flushes stdio, ``os._exit``.
+  live rank prints its stack and acknowledges, none leaving before all have; then the decider prints
+  the blame line, the others a one-line "stopping", each leaves its line in torchrun's error file,
+  flushes stdio, ``os._exit`` (a main thread that fails meanwhile, its collective closed, waits for it).
 - **Elastic restarts.** Keys carry the restart count and how many watchdogs this process started.
 
 The default bound, 120 s: detection takes the bound and a second or two; torchrun waits 30 s for a
@@ -57,18 +58,8 @@ from typing import Any, Generic, NoReturn, TypeVar
 from ..log import LOGGER
 from .env import DistEnvError, dist_info
 from .group import get_rank, get_world_size, is_dist_initialized
-from .stall import (
-    Observer,
-    RankView,
-    blame_lines,
-    exit_for_restart,
-    find_stalled,
-    flush_stdio,
-    is_waiting_frame,
-    part_in_order,
-    thread_stack,
-    write_stderr,
-)
+from .parting import exit_for_restart, hold_the_exit, part_in_order, show_main_thread
+from .stall import Observer, RankView, blame_lines, find_stalled, is_waiting_frame
 from .store import BoundedStore, StoreLostError, default_store, private_connection, store_address
 
 STALL_EXIT_CODE = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run it again (0, 1, 2 = usage are taken)
@@ -194,6 +185,8 @@ class StallWatchdog:
         self._enter("start")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._grace = 5.0 + 2 * self.interval  # seconds the ranks wait for each other as they part after a verdict
+        self._holding: float | None = None  # once the thread ends the process: how long the main thread waits for it
         self._link: BoundedStore | None = None
         self._main = threading.get_ident()
         self._steady: dict[str, float] = {}  # phase -> its slowest interval between two progress calls
@@ -311,7 +304,7 @@ class StallWatchdog:
         thread, self._thread = self._thread, None
         if thread is not None:
             self._stop.set()  # the thread reports this rank done: its peers never blame it
-            thread.join(timeout=self.interval + 5.0)
+            thread.join(timeout=self._holding or self.interval + 5.0)
 
     # ---- the thread's side ------------------------------------------------------------------
 
@@ -410,10 +403,11 @@ class StallWatchdog:
         stalled = verdict["stalled"]
         named = f"rank{'s' if len(stalled) > 1 else ''} {', '.join(map(str, stalled))}"
         about = "this rank is the one stalled" if self.rank in stalled else f"{named} stalled"
-        self._print_stack(f"stall watchdog: {about}; this rank's main thread is at:")
-        grace = 5.0 + 2 * self.interval
-        part_in_order(self._link, self.rank, self._verdict_key, verdict["by"] == self.rank, verdict["live"], grace)
-        if verdict["by"] == self.rank:
+        self._hold_the_exit()
+        show_main_thread(self._main, f"stall watchdog: {about}; this rank's main thread is at:", self.rank)
+        deciding = verdict["by"] == self.rank
+        part_in_order(self._link, self.rank, self._verdict_key, deciding, verdict["live"], self._grace)
+        if deciding:
             restart = (
                 f"stall watchdog: ending every rank with exit code {STALL_EXIT_CODE} so that the launcher restarts the "
                 f"job (torchrun --max-restarts, a SLURM requeue) from its last save ({TIMEOUT_ENV}={self.timeout:g})"
@@ -431,12 +425,14 @@ class StallWatchdog:
             "stopped or died (rank 0 hosts it under a plain env:// launch, the torchrun agent under torchrun), "
             "so no rank can be told of a stall; stopping this rank"
         )
-        self._print_stack("stall watchdog: lost the store; this rank's main thread is at:")
+        self._hold_the_exit()
+        show_main_thread(self._main, "stall watchdog: lost the store; this rank's main thread is at:", self.rank)
         exit_for_restart([line], line, STALL_EXIT_CODE)
 
-    def _print_stack(self, header: str) -> None:
-        flush_stdio()  # what the rank printed before comes first
-        write_stderr(thread_stack(self._main, header, prefix=f"[rank {self.rank}] "))
+    def _hold_the_exit(self) -> None:
+        """From here on this thread ends the process: the main thread's exit waits for it (:func:`.hold_the_exit`)."""
+        self._holding = 3 * self._grace  # the parting, two flushes and a margin
+        hold_the_exit(STALL_EXIT_CODE, self._holding)
 
     def _leave(self) -> None:
         link, self._link = self._link, None

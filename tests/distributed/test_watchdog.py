@@ -17,9 +17,12 @@ import threading
 import time
 
 import pytest
+import torch.distributed as dist
 
 from ddp_utils.distributed import STALL_EXIT_CODE, DistEnvError, StallWatchdog, stall_timeout_from_env
+from ddp_utils.distributed.parting import part_in_order
 from ddp_utils.distributed.stall import Observer, RankView, blame_lines, find_stalled
+from ddp_utils.distributed.store import BoundedStore, private_connection
 
 from ..multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
 
@@ -153,6 +156,64 @@ def test_without_a_process_group_it_is_a_no_op():
             watchdog.progress("train")
     with pytest.raises(ValueError, match="phase 'save': timeout=0"), watchdog.phase("save", 0):
         pass
+
+
+# --- how ranks part after a verdict, in-process --------------------------------------------------
+
+
+def test_no_rank_leaves_before_every_live_rank_has_acknowledged_the_verdict():
+    # a rank that left closes the collective the others wait in: one that had not yet read the verdict
+    # would end with that error (exit code 1) instead of the restart's (seen once in CI: rc [-6, 75, 1])
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    key, live, done = "verdict", [0, 1, 2], {}
+
+    def part(rank: int) -> None:
+        link = BoundedStore(lambda: private_connection(server), timeout=30.0)
+        part_in_order(link, rank, key, deciding=rank == 0, live=live, grace=30.0)
+        done[rank] = time.monotonic()
+        link.close()
+
+    parting = [threading.Thread(target=part, args=(rank,), daemon=True) for rank in (0, 1)]
+    for thread in parting:
+        thread.start()
+    time.sleep(1.0)  # rank 2's watchdog has not read the verdict yet
+    assert done == {} and server.add(f"{key}/left", 0) == 0  # rank 1 has not left; rank 0 waits
+    late = time.monotonic()
+    parting.append(threading.Thread(target=part, args=(2,), daemon=True))
+    parting[-1].start()
+    for thread in parting:
+        thread.join(timeout=20.0)
+    assert sorted(done) == [0, 1, 2] and server.add(f"{key}/left", 0) == 2
+    assert max(done.values()) - late < 10.0  # they part as soon as the last one acknowledged, not at the grace's end
+    assert done[0] >= max(done[1], done[2])  # rank 0, the store's host under env://, leaves last
+
+
+HOLD = """
+import os, sys, threading, time
+from ddp_utils.distributed.parting import hold_the_exit
+ready = threading.Event()
+def end_the_process():  # the watchdog's thread: holds the exit, parts from the others, exits for a restart
+    hold_the_exit(75, float(sys.argv[2]))
+    ready.set()
+    time.sleep(float(sys.argv[1]))
+    os._exit(75)
+threading.Thread(target=end_the_process, daemon=True).start()
+ready.wait()
+raise RuntimeError("Connection closed by peer: a rank that left closed the collective")
+"""
+
+
+@pytest.mark.parametrize(("parting", "hold"), [(1.0, 30.0), (60.0, 1.0)])
+def test_a_main_thread_that_fails_while_the_watchdog_ends_the_process_exits_with_the_restarts_code(parting, hold):
+    # the main thread's error ends the interpreter in milliseconds; the watchdog's exit comes after its
+    # parting (first case), or the hold runs out and the main thread exits with the restart's code itself
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-c", HOLD, str(parting), str(hold)], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+    )
+    assert run.returncode == STALL_EXIT_CODE, run.stderr
+    assert "RuntimeError: Connection closed by peer" in run.stderr  # the main thread's error is still shown
+    assert time.monotonic() - started >= min(parting, hold)
 
 
 # --- real groups ------------------------------------------------------------------------------------
