@@ -94,7 +94,7 @@ def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, 
         du.set_cudnn_mode(run.opt.deterministic)  # from the flag alone: every rank the same, whatever its seed
         # ---- model ----
         run, model, gs = build_model(run, device, info)
-        train_loader, val_loader, dataset = build_loaders(run, info, gs)
+        train_loader, val_loader, dataset = build_loaders(run, info, gs, device)
     if resume is None:  # the inputs are good: claim a run directory
         run = run.replace(save_dir=make_run_dir(opt.project, opt.name, opt.exist_ok, info))
     record_run(run, info)
@@ -128,11 +128,12 @@ def build_model(run: Run, device: torch.device, info: du.DistInfo) -> tuple[Run,
     return run.replace(imgsz=imgsz, batch_size=batch_size), model, gs
 
 
-def build_loaders(run: Run, info: du.DistInfo, gs: int) -> tuple:
+def build_loaders(run: Run, info: du.DistInfo, gs: int, device: torch.device) -> tuple:
     """Each process loads batch_size / world_size images per step; the labels are checked against nc."""
     opt, batch = run.opt, run.batch_size // info.world_size
     common = dict(single_cls=opt.single_cls, hyp=run.hyp, cache=opt.cache, rank=info.local_rank, workers=opt.workers)
     train_options = dict(rect=opt.rect, image_weights=opt.image_weights, quad=opt.quad, shuffle=True, seed=opt.seed)
+    train_options["augment_on"] = du.data.augment_place(opt.augment_on, device, opt.quad, opt.cache)  # CUDA: there
     train_loader, dataset = du.create_dataloader(
         run.data["train"], run.imgsz, batch, gs, augment=True, prefix="train: ", **train_options, **common
     )

@@ -11,6 +11,8 @@ What lives where:
   copy per node; disk: .npy).
 - ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective.
 - ``mosaic_batch.py``: a training batch's mosaics made together (the same samples as one by one, faster).
+- ``recipes.py``: a training sample as its draws and labels without pixels (``--augment-on device``);
+  ``device_augment.py``: a batch of recipes rendered on the training device (nvJPEG decode, warps, colours).
 - ``dataset.py``: :class:`YoloDataset` (with YOLOv5's attribute names), rect batch shapes, collate functions.
 - ``class_weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).
 - ``samplers.py``: train, weighted-train and exactly-once eval samplers, one guarantee per class.
@@ -32,6 +34,7 @@ from .augment import letterbox
 from .class_weights import class_frequency, epoch_image_weights, labels_to_class_weights, labels_to_image_weights
 from .config import check_dataset, datasets_dir
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
+from .device_augment import augment_place, render_batch
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
 from .loader import EpochLoader, create_dataloader, create_val_dataloader
@@ -51,6 +54,7 @@ __all__ = [
     "TrainSampler",
     "WeightedTrainSampler",
     "YoloDataset",
+    "augment_place",
     "check_dataset",
     "create_dataloader",
     "create_val_dataloader",
@@ -71,5 +75,6 @@ __all__ = [
     "load_labels",
     "make_shapes_dataset",
     "rect_batch_shapes",
+    "render_batch",
     "to_device_batch",
 ]

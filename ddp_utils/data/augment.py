@@ -47,6 +47,35 @@ def letterbox(
     img = im
     scale_fill = scaleFill if scale_fill is None else scale_fill
     h, w = img.shape[:2]
+    (new_w, new_h), ratio, pad, (top, bottom, left, right) = letterbox_geometry(
+        (h, w), new_shape, auto, scale_fill, scaleup, stride
+    )
+    if (new_w, new_h) != (w, h):
+        img = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    if top or bottom or left or right:
+        img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
+    return img, ratio, pad
+
+
+def letterbox_geometry(
+    shape: tuple[int, int],
+    new_shape: int | tuple[int, int] = 640,
+    auto: bool = True,
+    scale_fill: bool = False,
+    scaleup: bool = True,
+    stride: int = 32,
+) -> tuple[tuple[int, int], tuple[float, float], tuple[float, float], tuple[int, int, int, int]]:
+    """What :func:`letterbox` does to an image of ``shape`` (h, w), without the image.
+
+    Returns:
+        ((new_w, new_h) the resized image, (ratio_w, ratio_h), (pad_w, pad_h) per side,
+        (top, bottom, left, right) the padding in whole pixels).
+
+    Examples:
+        >>> letterbox_geometry((200, 100), 64, auto=False)
+        ((32, 64), (0.32, 0.32), (16.0, 0.0), (0, 0, 16, 16))
+    """
+    h, w = shape
     if isinstance(new_shape, int):
         new_shape = (new_shape, new_shape)
     r = min(new_shape[0] / h, new_shape[1] / w)
@@ -62,13 +91,8 @@ def letterbox(
         new_w, new_h = new_shape[1], new_shape[0]
         ratio = (new_shape[1] / w, new_shape[0] / h)
     dw, dh = dw / 2, dh / 2
-    if (new_w, new_h) != (w, h):
-        img = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    top, bottom = round(dh - 0.1), round(dh + 0.1)
-    left, right = round(dw - 0.1), round(dw + 0.1)
-    if top or bottom or left or right:
-        img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
-    return img, ratio, (dw, dh)
+    borders = (round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1))
+    return (new_w, new_h), ratio, (dw, dh), borders
 
 
 def augment_hsv(img: np.ndarray, hgain: float, sgain: float, vgain: float, rng: np.random.Generator) -> None:
@@ -146,6 +170,7 @@ __all__ = [
     "flip_lr",
     "flip_ud",
     "letterbox",
+    "letterbox_geometry",
     "mixup",
     "scale_boxes_hw",
 ]

@@ -28,6 +28,7 @@ from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
 from .image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from .images import load_image, resized_shape
 from .mosaic_batch import mosaic_batch
+from .recipes import plan_sample
 from .warp import mosaic4, random_perspective
 
 if TYPE_CHECKING:
@@ -185,6 +186,9 @@ class YoloDataset(Dataset):
         self.indices = np.arange(n)
         self.set_batches([range(i, min(i + batch_size, n)) for i in range(0, n, batch_size)])
         self.cache = self._build_cache(normalize_cache(cache), local_rank)
+        # the loader's choice (create_dataloader's augment_on="device"): a batch's samples come as recipes, their
+        # pixels made on the training device (recipes.py, device_augment.py)
+        self.recipes = False
 
     @property
     def n(self) -> int:
@@ -360,8 +364,15 @@ class YoloDataset(Dataset):
         return SampleKey(*item) if isinstance(item, tuple) else SampleKey(self.epoch, int(item), int(item))
 
     def __getitems__(self, items: Sequence[int | SampleKey | tuple]) -> list[tuple]:
-        """``[self[item] for item in items]``, the DataLoader's fetch of a batch: its mosaics made together."""
-        return mosaic_batch(self, [self._key(item) for item in items])
+        """``[self[item] for item in items]``, the DataLoader's fetch of a batch: its mosaics made together.
+
+        With :attr:`recipes` set, each sample's image is its :class:`~ddp_utils.data.recipes.Recipe` instead
+        (:func:`~ddp_utils.data.recipes.plan_sample`: the same draws and labels, no pixels).
+        """
+        keys = [self._key(item) for item in items]
+        if self.recipes:
+            return [plan_sample(self, key) for key in keys]
+        return mosaic_batch(self, keys)
 
     def __getitem__(self, item: int | SampleKey | tuple) -> tuple[torch.Tensor, torch.Tensor, str, Shapes]:
         key = self._key(item)

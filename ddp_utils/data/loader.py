@@ -35,6 +35,7 @@ from ..log import LOGGER
 from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset
 from .labels import find_images, label_cache_path, load_labels
+from .recipes import RecipeCollate
 from .samplers import EvalSampler, TrainSampler, WeightedTrainSampler
 from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack
 from .workers import default_workers, init_worker, usable_cores
@@ -234,7 +235,10 @@ class EpochLoader:
 
 
 def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetch: int) -> BatchPool | None:
-    """Shared memory for the batches in flight, sized for the largest batch; None when there is none to spare."""
+    """Shared memory for the batches in flight, sized for the largest batch; None when there is none to spare
+    (or no images to carry: a dataset that sends recipes)."""
+    if getattr(dataset, "recipes", False):
+        return None
     if dataset.rect:
         pixels = int(np.prod(dataset.batch_shapes, axis=1).max())
     else:
@@ -278,6 +282,7 @@ def _build(  # noqa: PLR0913 (the two public builders' arguments, passed on)
     evaluate: bool,
     shuffle: bool,
     seed: int,
+    augment_on: str = "workers",
     **dataset_kwargs,
 ) -> tuple[EpochLoader, YoloDataset]:
     """The dataset (built once per node) and its loader, sharded over the process group.
@@ -309,6 +314,9 @@ def _build(  # noqa: PLR0913 (the two public builders' arguments, passed on)
         sampler = TrainSampler(len(dataset), batch_size, global_rank, world_size, shuffle, seed)
     if dataset_kwargs.get("rect"):
         dataset.set_batches(sampler.rect_batches())
+    if augment_on == "device" and dataset.augment:  # the workers plan, the training process renders
+        dataset.recipes = True
+        collate = RecipeCollate(dataset)
     n_workers = _workers(workers, batch_size, prefix)
     pin = torch.cuda.is_available()
     loader = EpochLoader(dataset, sampler, collate, n_workers, pin_memory=pin, seed=seed, global_rank=global_rank)
@@ -333,6 +341,7 @@ def create_dataloader(
     prefix: str = "",
     shuffle: bool = False,
     seed: int = 0,
+    augment_on: str = "workers",
 ) -> tuple[EpochLoader, YoloDataset]:
     """The training loader and its dataset, sharded over the ranks of the process group.
 
@@ -355,10 +364,18 @@ def create_dataloader(
         prefix: log prefix.
         shuffle: a new order every epoch (seeded by ``seed`` and the epoch).
         seed: seeds the order and every sample's augmentation.
+        augment_on: "workers": the workers make the images (OpenCV); "device": with ``augment``, they
+            send each batch as a :class:`~ddp_utils.data.recipes.RecipeBatch` (the same draws and labels,
+            the JPEG bytes) and :class:`~ddp_utils.data.prefetch.DevicePrefetcher` renders it on the
+            training device (:mod:`ddp_utils.data.device_augment`). Not with ``quad``.
 
     Returns:
         (loader, dataset): call ``loader.set_epoch(epoch)`` before each epoch.
     """
+    if augment_on not in ("workers", "device"):
+        raise ValueError(f"{prefix}augment_on={augment_on!r}: 'workers' or 'device'")
+    if augment_on == "device" and quad:
+        raise ValueError(f"{prefix}quad=True makes its batches in the workers: use augment_on='workers'")
     if rect and shuffle:
         LOGGER.warning(f"{prefix}rect=True is incompatible with shuffle: shuffle turned off")
         shuffle = False
@@ -371,6 +388,7 @@ def create_dataloader(
     dataset_kwargs = dict(augment=augment, hyp=hyp, rect=rect, image_weights=image_weights, cache=cache, pad=pad)
     where = (path, imgsz, batch_size, stride, rank, workers, prefix)
     options = dict(collate=collate, evaluate=False, shuffle=shuffle, seed=seed, single_cls=single_cls)
+    options["augment_on"] = augment_on
     return _build(*where, **options, **dataset_kwargs)
 
 

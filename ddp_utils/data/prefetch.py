@@ -20,12 +20,17 @@ from typing import Any
 
 import torch
 
+from .device_augment import render_batch
+from .recipes import RecipeBatch
+
 
 def to_device_batch(batch: Any, device: torch.device, channels_last: bool = False, non_blocking: bool = False) -> tuple:
     """The plain path: images (uint8 0-255 or float) as float 0-1 on ``device``, targets there too.
 
     The batch is a tuple ``(images, targets, *rest)`` (the loader's ``(imgs, targets, paths,
-    shapes)``); ``rest`` passes through untouched.
+    shapes)``); ``rest`` passes through untouched. Images that come as a
+    :class:`~ddp_utils.data.recipes.RecipeBatch` are rendered on ``device`` first
+    (:func:`~ddp_utils.data.device_augment.render_batch`).
 
     Examples:
         >>> imgs = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
@@ -34,6 +39,8 @@ def to_device_batch(batch: Any, device: torch.device, channels_last: bool = Fals
         (torch.float32, 1.0, ['a.jpg'])
     """
     images, targets, *rest = batch
+    if isinstance(images, RecipeBatch):  # the loader's augment_on="device": the images are made here
+        images = render_batch(images, device)
     images = images_to_float(images.to(device, non_blocking=non_blocking), channels_last)
     if isinstance(targets, torch.Tensor):
         targets = targets.to(device, non_blocking=non_blocking)

@@ -211,10 +211,10 @@ def warp_tiles(
     offsets = []
     for k, img in enumerate(images):
         h, w = sizes[k]
-        x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
+        x1a, y1a, x1b, y1b, x2b, y2b = tile_placement(k, xc, yc, h, w, s2)
         dx, dy = x1a - x1b, y1a - y1b
         x2a, y2a = x1a + x2b - x1b, y1a + y2b - y1b
-        # _lands_in for a zoom and a shift, in floats
+        # lands_in for a zoom and a shift, in floats
         if (
             x2b > x1b
             and y2b > y1b
@@ -262,12 +262,44 @@ def random_perspective(
         out = np.full_like(img, PAD_COLOR[0])
         _warp_into(out, img, m)
         img = out
-    after = transform_boxes(labels[:, 1:5], m, w, h)
-    return img, _filter_boxes(labels, labels[:, 1:5], after, zoom, area_thr)
+    return img, perspective_labels(labels, m, zoom, w, h, area_thr)
 
 
-def _tile_placement(k: int, xc: int, yc: int, h: int, w: int, s2: int) -> tuple[int, int, int, int, int, int]:
-    # (x1a, y1a) where the tile's kept part starts on the 2s canvas and its crop (x1b, y1b, x2b, y2b)
+def perspective_labels(
+    labels: np.ndarray, m: np.ndarray, zoom: float, width: int, height: int, area_thr: float = 0.1
+) -> np.ndarray:
+    """The labels :func:`random_perspective` keeps for the transform ``m`` (and its drawn ``zoom``).
+
+    Args:
+        labels: [n, 5] (class, x1, y1, x2, y2) in pixels of the input.
+        m: the 3x3 transform, input pixels to output pixels.
+        zoom: the zoom factor drawn with ``m``.
+        width: the output's width.
+        height: the output's height.
+        area_thr: least share of a box's (zoomed) area that must stay.
+
+    Returns:
+        [m, 5] labels in output pixels, boxes clipped, degenerate ones dropped.
+
+    Examples:
+        >>> perspective_labels(np.array([[0, 2, 2, 8, 8.]]), np.eye(3), 1.0, 10, 10).tolist()
+        [[0.0, 2.0, 2.0, 8.0, 8.0]]
+    """
+    after = transform_boxes(labels[:, 1:5], m, width, height)
+    return _filter_boxes(labels, labels[:, 1:5], after, zoom, area_thr)
+
+
+def tile_placement(k: int, xc: int, yc: int, h: int, w: int, s2: int) -> tuple[int, int, int, int, int, int]:
+    """Where tile ``k`` (0-3: top left, top right, bottom left, bottom right) of (h, w) sits on the mosaic's canvas.
+
+    Returns:
+        (x1a, y1a, x1b, y1b, x2b, y2b): the canvas pixel where the tile's kept part starts, and that part
+        of the tile (its crop, in the tile's pixels). Its offset on the canvas is ``(x1a - x1b, y1a - y1b)``.
+
+    Examples:
+        >>> tile_placement(3, 10, 10, 4, 6, 16)
+        (10, 10, 0, 0, 6, 4)
+    """
     if k == 0:  # top left: bottom-right corner at the centre
         x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
         x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
@@ -300,9 +332,15 @@ def _tile_source(
     return img[r1:r2, c1:c2], place
 
 
-def _lands_in(m: np.ndarray, x0: float, y0: float, x1: float, y1: float, width: int, height: int) -> bool:
-    # Whether the rectangle [x0, x1] x [y0, y1], mapped by m, reaches into the width x height output
-    # (its bounding box does: a rotated corner that only grazes it still counts).
+def lands_in(m: np.ndarray, x0: float, y0: float, x1: float, y1: float, width: int, height: int) -> bool:
+    """Whether the rectangle [x0, x1] x [y0, y1], mapped by ``m``, reaches into the width x height output.
+
+    Its bounding box does: a rotated corner that only grazes the output still counts.
+
+    Examples:
+        >>> lands_in(np.eye(3), 20, 20, 30, 30, 10, 10)
+        False
+    """
     if _zoom_and_shift(m):
         sx, tx, sy, ty = m[0, 0], m[0, 2], m[1, 1], m[1, 2]  # a zoom and a shift: the common case, in floats
         return sx * x1 + tx > 0 and sy * y1 + ty > 0 and sx * x0 + tx < width and sy * y0 + ty < height
@@ -347,6 +385,47 @@ def mosaic4(
     Returns:
         (image [imgsz, imgsz, 3] (with the default border), labels [m, 5] in output pixels).
     """
+    s2 = 2 * imgsz
+    (xc, yc), m, zoom, (out_h, out_w) = mosaic_layout(imgsz, rng, hyp, border)
+    out = np.full((out_h, out_w, 3), PAD_COLOR[0], dtype=np.uint8)
+    if sizes is None:
+        sizes = [img.shape[:2] for img in images]
+    if _zoom_and_shift(m):  # the usual hyp: each tile's matrix and where it lands in a few float operations
+        affine = (float(m[0, 0]), float(m[0, 2]), float(m[1, 1]), float(m[1, 2]))
+        offsets = warp_tiles(out, images, sizes, (xc, yc), affine, s2)
+    else:
+        offsets = []
+        for k, img in enumerate(images):
+            h, w = sizes[k]
+            x1a, y1a, x1b, y1b, x2b, y2b = tile_placement(k, xc, yc, h, w, s2)
+            dx, dy = x1a - x1b, y1a - y1b
+            if x2b > x1b and y2b > y1b and lands_in(m, x1a, y1a, x1a + x2b - x1b, y1a + y2b - y1b, out_w, out_h):
+                src, place = _tile_source(img() if callable(img) else img, h, w, x1b, y1b, x2b, y2b)
+                shift = np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
+                _warp_into(out, src, m @ shift @ place)
+            offsets.append((dx, dy))
+    return out, mosaic_labels(labels, offsets, m, zoom, s2, (out_h, out_w))
+
+
+def mosaic_layout(
+    imgsz: int, rng: np.random.Generator, hyp: Mapping[str, float], border: Sequence[int] | None = None
+) -> tuple[tuple[int, int], np.ndarray, float, tuple[int, int]]:
+    """A mosaic's random draws, in :func:`mosaic4`'s order: its centre on the canvas, then its transform.
+
+    Args:
+        imgsz: the mosaic's size.
+        rng: the random generator.
+        hyp: degrees, translate, scale, shear, perspective.
+        border: YOLOv5's ``mosaic_border`` (y, x), as :func:`mosaic4` takes it.
+
+    Returns:
+        ((xc, yc) on the ``2 * imgsz`` canvas, M 3x3 canvas to output pixels, the drawn zoom, (out_h, out_w)).
+
+    Examples:
+        >>> (xc, yc), m, zoom, size = mosaic_layout(64, np.random.default_rng(0), {"scale": 0.5})
+        >>> 32 <= xc < 96 and 32 <= yc < 96, size
+        (True, (64, 64))
+    """
     s, s2 = imgsz, 2 * imgsz
     by, bx = (-(s // 2), -(s // 2)) if border is None else (int(border[0]), int(border[1]))
     out_h, out_w = (s, s) if border is None else (s2 + 2 * by, s2 + 2 * bx)
@@ -362,39 +441,51 @@ def mosaic4(
         hyp.get("shear", 0.0),
         hyp.get("perspective", 0.0),
     )
-    out = np.full((out_h, out_w, 3), PAD_COLOR[0], dtype=np.uint8)
-    if sizes is None:
-        sizes = [img.shape[:2] for img in images]
-    if _zoom_and_shift(m):  # the usual hyp: each tile's matrix and where it lands in a few float operations
-        affine = (float(m[0, 0]), float(m[0, 2]), float(m[1, 1]), float(m[1, 2]))
-        offsets = warp_tiles(out, images, sizes, (xc, yc), affine, s2)
-    else:
-        offsets = []
-        for k, img in enumerate(images):
-            h, w = sizes[k]
-            x1a, y1a, x1b, y1b, x2b, y2b = _tile_placement(k, xc, yc, h, w, s2)
-            dx, dy = x1a - x1b, y1a - y1b
-            if x2b > x1b and y2b > y1b and _lands_in(m, x1a, y1a, x1a + x2b - x1b, y1a + y2b - y1b, out_w, out_h):
-                src, place = _tile_source(img() if callable(img) else img, h, w, x1b, y1b, x2b, y2b)
-                shift = np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
-                _warp_into(out, src, m @ shift @ place)
-            offsets.append((dx, dy))
+    return (xc, yc), m, zoom, (out_h, out_w)
+
+
+def mosaic_labels(
+    labels: Sequence[np.ndarray],
+    offsets: Sequence[tuple[int, int]],
+    m: np.ndarray,
+    zoom: float,
+    s2: int,
+    out_size: tuple[int, int],
+) -> np.ndarray:
+    """The labels of a mosaic: each tile's placed on the canvas, clipped to it, then through ``m``, filtered.
+
+    Args:
+        labels: four [n, 5] (class, x1, y1, x2, y2) arrays in pixels of each tile.
+        offsets: each tile's (dx, dy) on the canvas (:func:`tile_placement`).
+        m: the canvas-to-output transform (:func:`mosaic_layout`).
+        zoom: its zoom.
+        s2: the canvas side.
+        out_size: the output's (h, w).
+
+    Returns:
+        [m, 5] labels in output pixels.
+    """
     placed = [
         lab + np.array((0, dx, dy, dx, dy), lab.dtype) if len(lab) else lab for lab, (dx, dy) in zip(labels, offsets)
     ]
     canvas_labels = np.concatenate(placed, 0) if placed else np.zeros((0, 5), np.float32)
     corners = canvas_labels[:, 1:5]
     np.minimum(np.maximum(corners, 0, out=corners), s2, out=corners)  # np.clip(corners, 0, s2), in place
-    after = transform_boxes(canvas_labels[:, 1:5], m, out_w, out_h)
-    return out, _filter_boxes(canvas_labels, canvas_labels[:, 1:5], after, zoom, 0.1)
+    after = transform_boxes(canvas_labels[:, 1:5], m, out_size[1], out_size[0])
+    return _filter_boxes(canvas_labels, canvas_labels[:, 1:5], after, zoom, 0.1)
 
 
 __all__ = [
     "PAD_COLOR",
     "box_candidates",
+    "lands_in",
     "mosaic4",
+    "mosaic_labels",
+    "mosaic_layout",
+    "perspective_labels",
     "perspective_matrix",
     "random_perspective",
+    "tile_placement",
     "transform_boxes",
     "warp_tiles",
 ]

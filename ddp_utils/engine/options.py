@@ -64,6 +64,13 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     add("--optimizer", default="SGD", choices=["SGD", "Adam", "AdamW"])
     add("--sync-bn", action="store_true", help="SyncBatchNorm across processes (DDP only)")
     add("--workers", type=int, default=None, help="max data-loader workers per process (default: the cores' share)")
+    add(
+        "--augment-on",
+        default="auto",
+        choices=["auto", "workers", "device"],
+        help="where training images are decoded and augmented: the loader workers (OpenCV), or the training "
+        "device (nvJPEG and torch ops; the workers only draw and read bytes); auto: the device on CUDA",
+    )
     add("--project", default="runs/train", help="save to project/name")
     add("--name", default="exp", help="save to project/name")
     add("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
@@ -139,6 +146,11 @@ def validate_options(opt: argparse.Namespace, world_size: int) -> None:
         raise OptionError("--epochs", f"--epochs {opt.epochs}: train at least one epoch")
     _check_ranges(opt)
     _check_image_memory(opt, world_size)
+    if getattr(opt, "augment_on", "auto") == "device" and opt.quad:
+        raise OptionError(
+            "--augment-on",
+            "--augment-on device and --quad do not go together: quad batches are made in the loader workers; drop one",
+        )
     if opt.rect and opt.multi_scale:
         raise OptionError("--rect", "--rect and --multi-scale do not go together: rect batches have fixed shapes")
     try:

@@ -1,0 +1,278 @@
+"""A batch of training images rendered on the device from its recipes: decode, place, warp, mix, colour, flip.
+
+The loader's workers send a :class:`~ddp_utils.data.recipes.RecipeBatch` (the random draws and
+the labels made as ever, JPEG bytes for the pixels); :func:`render_batch` makes the
+``[B, 3, H, W]`` uint8 RGB batch that ``YoloDataset`` would have made, with torch operations
+on the training process's device:
+
+- JPEGs decoded together (``torchvision.io.decode_jpeg`` on a list: nvJPEG's batched decode on
+  CUDA, libjpeg-turbo on the CPU, the same pixels as the CPU path's decoder there); a file it
+  cannot decode goes to the CPU path's decoder (OpenCV, with its message), and images the workers
+  decoded already (other formats, EXIF-rotated JPEGs, cached images) arrive as pixels;
+- each resized to its tile (bilinear, as ``cv2.resize``'s INTER_LINEAR);
+- every output pixel of every mosaic (or letterboxed image) mapped back through its transform,
+  the general perspective case included, and read from its tile bilinearly, the tiles in the CPU
+  path's order with OpenCV's transparent border (a pixel partly outside a tile blends with what
+  is already there), coordinates on OpenCV's 1/32-pixel grid;
+- mixup, OpenCV's 8-bit HSV round trip with the gains, and the flips.
+
+So the same draws give the same boxes and, to interpolation rounding, the same pixels: on the
+CPU ``tests/data/test_device_augment.py`` compares the two paths image by image. Nothing here
+waits for the device: every size and index is known on the host from the recipes, masks are
+``torch.where``, never a boolean index (the host-wait counter in the tests covers it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 (torch's own spelling)
+
+from ..log import LOGGER
+from .recipes import RecipeBatch, decode_on_host
+from .warp import PAD_COLOR
+
+_PIXELS_AT_ONCE = 2**22  # output pixels rendered together: bounds the per-pixel temporaries (~50 MB each at most)
+_GRID = 32.0  # OpenCV's remap: source coordinates on a 1/32-pixel grid (INTER_BITS = 5)
+
+
+def render_batch(batch: RecipeBatch, device: torch.device | str) -> torch.Tensor:
+    """The batch's images, uint8 RGB [B, 3, H, W] on ``device``.
+
+    Args:
+        batch: what the workers sent (``RecipeCollate``).
+        device: where to decode and render.
+
+    Returns:
+        The images, as ``YoloDataset`` would have made them (to interpolation rounding).
+    """
+    device = torch.device(device)
+    tiles = decode_tiles(batch, device)
+    side = max(max(size) for size in batch.sizes) if tiles else 1
+    stack = torch.zeros((max(len(tiles), 1), 3, side, side), dtype=torch.uint8, device=device)
+    for i, tile in enumerate(tiles):
+        stack[i, :, : tile.shape[1], : tile.shape[2]] = tile
+    h, w = batch.recipes[0].size
+    out = torch.empty((len(batch), 3, h, w), dtype=torch.uint8, device=device)
+    chunk = max(_PIXELS_AT_ONCE // (h * w), 1)
+    for first in range(0, len(batch), chunk):
+        recipes = batch.recipes[first : first + chunk]
+        out[first : first + len(recipes)] = _render(recipes, stack, (h, w), device)
+    return out
+
+
+def decode_tiles(batch: RecipeBatch, device: torch.device) -> list[torch.Tensor]:
+    """Each source as its tile, uint8 RGB [3, h, w] on ``device``: JPEGs decoded together, then resized."""
+    decoded: list[torch.Tensor | None] = [None] * len(batch.sources)
+    jpegs = [i for i, source in enumerate(batch.sources) if isinstance(source, (bytes, bytearray))]
+    for i, image in zip(jpegs, _decode_jpegs([batch.sources[i] for i in jpegs], device)):
+        decoded[i] = image
+    tiles = []
+    for i, image in enumerate(decoded):
+        if image is None:  # pixels from the worker, or a JPEG the device could not decode: the CPU path's
+            bgr = decode_on_host(batch.sources[i], batch.sizes[i], batch.paths[i])
+            image = torch.from_numpy(np.ascontiguousarray(bgr[:, :, ::-1].transpose(2, 0, 1))).to(device)
+        tiles.append(_resized(image, batch.sizes[i]))
+    return tiles
+
+
+def _decode_jpegs(datas: Sequence[bytes], device: torch.device) -> list[torch.Tensor | None]:
+    # one batched call; if it refuses the batch, each alone, None for those that fail (decoded on the host)
+    if not datas:
+        return []
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torchvision 0.29 points to TorchCodec, which we do not need
+        try:
+            return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device))
+        except RuntimeError:
+            images = []
+            for tensor in tensors:
+                try:
+                    images.append(decode_jpeg([tensor], mode=ImageReadMode.RGB, device=device)[0])
+                except RuntimeError:
+                    images.append(None)
+            return images
+
+
+def _resized(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    # load_image's resize for training (INTER_LINEAR): bilinear at half-pixel centres, no antialiasing
+    if tuple(image.shape[1:]) == tuple(size):
+        return image.contiguous()
+    resized = F.interpolate(image[None].float(), size=tuple(size), mode="bilinear", align_corners=False)
+    return resized[0].round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _render(recipes, stack, size, device) -> torch.Tensor:
+    # one chunk of samples: each layer warped, the mixup, the colours, the flips
+    n = len(recipes)
+    layers = [_warp_layer([r.layers[0] for r in recipes], stack, size, device)]
+    mixed = [i for i, r in enumerate(recipes) if r.mix is not None]
+    if mixed:  # the second layer of a sample without a mixup is never read: its first stands in
+        second = [r.layers[1] if r.mix is not None else r.layers[0] for r in recipes]
+        layers.append(_warp_layer(second, stack, size, device))
+        ratio = _on(device, [r.mix if r.mix is not None else 1.0 for r in recipes], torch.float32).view(n, 1, 1, 1)
+        blend = (layers[0] * ratio + layers[1] * (1 - ratio)).trunc_()  # mixup's float32 sum, cast to uint8
+        has_mix = _on(device, [r.mix is not None for r in recipes], torch.bool).view(n, 1, 1, 1)
+        img = torch.where(has_mix, blend, layers[0])
+    else:
+        img = layers[0]
+    img = img.to(torch.uint8)
+    if any(r.gains is not None for r in recipes):
+        gains = _on(device, [r.gains if r.gains is not None else (1.0, 1.0, 1.0) for r in recipes], torch.float32)
+        has_gains = _on(device, [r.gains is not None for r in recipes], torch.bool).view(n, 1, 1, 1)
+        img = torch.where(has_gains, hsv_jitter(img, gains), img)
+    for dim, flags in ((2, [r.flip_ud for r in recipes]), (3, [r.flip_lr for r in recipes])):
+        if any(flags):
+            img = torch.where(_on(device, flags, torch.bool).view(n, 1, 1, 1), img.flip(dim), img)
+    return img
+
+
+def _on(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor:
+    # a small table made on the host, copied without making the host wait for the device
+    table = torch.tensor(np.asarray(values), dtype=dtype)
+    if device.type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
+
+
+def _warp_layer(layers, stack, size, device) -> torch.Tensor:
+    # every output pixel back to its canvas, then drawn from the tiles in turn (float32 [n, 3, h, w] holding uint8
+    # values)
+    n, (h, w) = len(layers), size
+    inverse = _on(device, np.stack([layer.inverse for layer in layers]), torch.float64).float()
+    ys = torch.arange(h, device=device, dtype=torch.float32).view(1, h, 1)
+    xs = torch.arange(w, device=device, dtype=torch.float32).view(1, 1, w)
+    row = [inverse[:, i].view(n, 3, 1, 1) for i in range(3)]
+    z = row[2][:, 0] * xs + row[2][:, 1] * ys + row[2][:, 2]
+    x = (row[0][:, 0] * xs + row[0][:, 1] * ys + row[0][:, 2]) / z  # [n, h, w] canvas points
+    y = (row[1][:, 0] * xs + row[1][:, 1] * ys + row[1][:, 2]) / z
+    tiles, crops, affine = _placement_tables(layers)
+    tiles, crops = _on(device, tiles, torch.int64), _on(device, crops, torch.int64)
+    affine = _on(device, affine, torch.float64).float()
+    out = torch.full((n, 3, h, w), float(PAD_COLOR[0]), device=device)
+    for k in range(tiles.shape[1]):
+        out = _draw_tile(out, stack, tiles[:, k], crops[:, k], affine[:, k], x, y)
+    return out
+
+
+def _placement_tables(layers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # per sample and placement: its tile, its crop (u0, v0, u1, v1) and (sx, ox, sy, oy); a sample with fewer
+    # placements has empty crops in their place, which draw no pixel
+    count = max(len(layer.placements) for layer in layers)
+    tiles, crops, affine = (np.zeros((len(layers), count, k), t) for k, t in ((1, np.int64), (4, np.int64), (4, float)))
+    for i, layer in enumerate(layers):
+        for k, p in enumerate(layer.placements):
+            tiles[i, k], crops[i, k], affine[i, k] = p.image, p.crop, p.affine
+    return tiles[..., 0], crops, affine
+
+
+def _draw_tile(out, stack, tiles, crops, affine, x, y) -> torch.Tensor:
+    # OpenCV's warp with BORDER_TRANSPARENT, on its 1/32-pixel grid: a pixel whose source has any of its four
+    # neighbours in the tile's crop is written, the neighbours outside the crop reading the pixel's present value.
+    # grid_sample reads the crop (zero outside) and, as a fourth channel, its mask: the weight of the neighbours
+    # inside; the rest of the weight goes to the present value.
+    n, side = len(tiles), stack.shape[-1]
+    sx, ox, sy, oy = (a.view(n, 1, 1) for a in affine.unbind(1))
+    u = ((sx * x + ox) * _GRID).round_() / _GRID
+    v = ((sy * y + oy) * _GRID).round_() / _GRID
+    grid = torch.stack((u, v), -1).mul_(2.0 / max(side - 1, 1)).sub_(1.0)  # align_corners=True: pixel i at i
+    span = torch.arange(side, device=stack.device)
+    u0, v0, u1, v1 = (c.view(n, 1, 1, 1) for c in crops.unbind(1))
+    inside = ((span.view(1, 1, 1, -1) >= u0) & (span.view(1, 1, 1, -1) < u1)).float()
+    inside = inside * ((span.view(1, 1, -1, 1) >= v0) & (span.view(1, 1, -1, 1) < v1)).float()  # [n, 1, s, s]
+    source = torch.cat((stack.index_select(0, tiles).float() * inside, inside), 1)
+    sampled = F.grid_sample(source, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+    weight = sampled[:, 3:]
+    value = (sampled[:, :3] + (1 - weight) * out).round_().clamp_(0, 255)
+    return torch.where(weight > 0, value, out)
+
+
+# OpenCV's 8-bit BGR2HSV: fixed-point divisions by tables rounded from (255 << 12) / v and (180 << 12) / (6 d)
+_SHIFT = 12
+_S_TABLE = np.concatenate(([0], np.round((255 << _SHIFT) / np.arange(1, 256)))).astype(np.int64)
+_H_TABLE = np.concatenate(([0], np.round((180 << _SHIFT) / (6.0 * np.arange(1, 256))))).astype(np.int64)
+# HSV2BGR's sectors: which of (v, v(1 - s), v(1 - s f), v(1 - s (1 - f))) each of r, g, b takes
+_SECTORS = np.array([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
+
+
+def hsv_jitter(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    """``augment_hsv``'s colours on a batch: OpenCV's 8-bit HSV round trip with each image's gains.
+
+    Args:
+        img: uint8 RGB [n, 3, h, w].
+        gains: [n, 3] float32, the (h, s, v) gains.
+
+    Returns:
+        uint8 RGB [n, 3, h, w].
+
+    Examples:
+        >>> red = torch.tensor([200, 0, 0], dtype=torch.uint8).view(1, 3, 1, 1)
+        >>> hsv_jitter(red, torch.tensor([[1.0, 1.0, 0.5]])).flatten().tolist()
+        [100, 0, 0]
+    """
+    device = img.device
+    r, g, b = img.long().unbind(1)
+    v = torch.maximum(torch.maximum(r, g), b)
+    diff = v - torch.minimum(torch.minimum(r, g), b)
+    s_table, h_table = (torch.as_tensor(t, device=device) for t in (_S_TABLE, _H_TABLE))
+    s = (diff * s_table[v] + (1 << (_SHIFT - 1))) >> _SHIFT
+    hue = torch.where(v == r, g - b, torch.where(v == g, b - r + 2 * diff, r - g + 4 * diff))
+    hue = (hue * h_table[diff] + (1 << (_SHIFT - 1))) >> _SHIFT
+    hue = torch.where(hue < 0, hue + 180, hue)
+    # cv2.transform with the diagonal gains: float32 products, rounded and saturated to uint8
+    hsv = torch.stack((hue, s, v), 1).float() * gains.view(-1, 3, 1, 1)
+    hue, s, v = hsv.round_().clamp_(0, 255).unbind(1)
+    # HSV2BGR: hue in OpenCV's half degrees, read modulo 180
+    hue = torch.remainder(hue * (6.0 / 180.0), 6.0)
+    sector = hue.floor()
+    f = hue - sector
+    s, v = s * (1.0 / 255.0), v * (1.0 / 255.0)
+    tab = torch.stack((v, v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))), 1)
+    sectors = torch.as_tensor(_SECTORS, device=device)[:, sector.long().clamp_(0, 5)]  # [3, n, h, w]
+    rgb = tab.gather(1, sectors.permute(1, 0, 2, 3))
+    return (rgb * 255).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def augment_place(choice: str, device: torch.device | str, quad: bool = False, cache: str | None = None) -> str:
+    """Where train.py's training images are made: ``"device"`` or ``"workers"`` (``--augment-on``).
+
+    ``"auto"`` is the device on CUDA, where the workers would keep the card waiting (a worker spends
+    about 29 ms on a 640 px mosaic), unless the quad loader (its collate makes the batch), an image
+    cache (its decoded pixels would travel from the workers) or a torchvision that cannot decode
+    JPEGs on that device says otherwise; the workers everywhere else (the CPU path, bit-identical).
+
+    Args:
+        choice: "auto", "workers" or "device".
+        device: the training device.
+        quad: the quad loader is on.
+        cache: the image cache ("ram", "disk" or None).
+
+    Examples:
+        >>> augment_place("auto", "cpu"), augment_place("device", "cpu")
+        ('workers', 'device')
+    """
+    device = torch.device(device)
+    if choice != "auto":
+        return choice
+    if device.type != "cuda" or quad or cache:
+        return "workers"
+    if not decodes_jpeg_on(device):
+        LOGGER.info(f"--augment-on auto: torchvision cannot decode JPEGs on {device}; the loader workers augment")
+        return "workers"
+    return "device"
+
+
+def decodes_jpeg_on(device: torch.device) -> bool:
+    """Whether torchvision decodes a JPEG on ``device`` (nvJPEG on CUDA)."""
+    ok, encoded = cv2.imencode(".jpg", np.full((8, 8, 3), PAD_COLOR[0], np.uint8))
+    return ok and _decode_jpegs([encoded.tobytes()], device)[0] is not None
+
+
+__all__ = ["augment_place", "decode_tiles", "decodes_jpeg_on", "hsv_jitter", "render_batch"]
