@@ -3,6 +3,7 @@
     python benchmarks/parity.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
     python benchmarks/parity.py --ours-only --epochs 1          # our side alone: no YOLOv5 checkout
     python benchmarks/parity.py --table runs/parity/results.json  # the tables again, from saved results
+    python benchmarks/parity.py --ours-only --ours-augment-on device   # the device path (its torch ops on the CPU)
 
 One synthetic shapes dataset (``ddp_utils.data.synthetic``: a train split and a held-out split
 that neither trainer selects on) feeds YOLOv5's ``train.py`` (an ultralytics/yolov5 checkout, run by
@@ -36,9 +37,10 @@ standard deviation of YOLOv5's) is judged over two seeds or more with scores abo
 Every finished run is written to ``<dir>/results.json`` at once, so ``--table`` prints the tables again.
 Each run carries the key of what produced it: the regime (``setup.description``) and, for YOLOv5, its
 checkout's commit and the interpreter (path, Python and torch versions); for ours, the compute mode
-(``--ours-amp``, resolved as train.py resolves it on this CPU). A later call keeps the runs in ``--dir``
-and in ``--reuse FILE`` whose key is the current one and adds the missing ones: ``--ours-amp bf16
---reuse benchmarks/results/parity-yolov5n-shapes.json`` trains only our side.
+(``--ours-amp``, resolved as train.py resolves it on this CPU) and, for ``--ours-augment-on device`` (the
+device path's decode and augmentation, its torch ops run on the CPU), where the images are made. A later
+call keeps the runs in ``--dir`` and in ``--reuse FILE`` whose key is the current one and adds the missing
+ones: ``--ours-amp bf16 --reuse benchmarks/results/parity-yolov5n-shapes.json`` trains only our side.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--yolov5-python", default=None, help="the interpreter that runs YOLOv5 (its own venv); default: this one")
     add("--ours-only", action="store_true", help="run our side alone (no YOLOv5 checkout needed)")
     add("--ours-amp", choices=["bf16", "off"], help="our --amp (default: none, train.py's mode for this CPU)")
+    add("--ours-augment-on", choices=["workers", "device"], default="workers", help="our --augment-on (the CPU: "
+        "device runs the device path's torch ops on the CPU)")  # fmt: skip
     add("--reuse", type=Path, nargs="+", default=[], help="results.json files whose runs with the current key count")
     add("--table", type=Path, help="print the tables of a results.json and exit")
     add("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--seed of each pair of runs")
@@ -238,6 +242,7 @@ def run_ours(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> di
         "--progress", "off", "--project", str(run_dir.parent), "--name", run_dir.name,
     ]  # fmt: skip
     command += ["--amp", args.ours_amp] if args.ours_amp else []
+    command += ["--augment-on", args.ours_augment_on]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     wall, cpu = timed_run(command, inputs["work"], env, run_dir.parent / f"seed{seed}.log")
     result = finished_run(run_dir, wall, cpu)

@@ -92,11 +92,14 @@ def _cpuinfo() -> list[str]:
 
 
 def side_keys(args: argparse.Namespace, regime: str) -> dict[str, dict[str, str]]:
-    """What makes a run of each side reusable: the regime, YOLOv5's commit and interpreter, our compute mode."""
+    """What makes a run of each side reusable: the regime, YOLOv5's commit and interpreter, our compute mode (and
+    where our images are made, when not in the workers)."""
     from ddp_utils.engine.amp import train_mode
 
     mode = train_mode(args.ours_amp, "cpu")
     keys = {"ours": dict(regime=regime, amp=mode.amp, layout="channels_last" if mode.channels_last else "NCHW")}
+    if getattr(args, "ours_augment_on", "workers") != "workers":  # the workers' runs keep their older keys
+        keys["ours"]["augment_on"] = args.ours_augment_on
     if args.yolov5 is not None:
         git = ["git", "rev-parse", "HEAD"]
         commit = subprocess.run(git, cwd=args.yolov5, capture_output=True, text=True).stdout.strip()

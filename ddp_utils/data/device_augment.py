@@ -88,7 +88,7 @@ def _decode_jpegs(datas: Sequence[bytes], device: torch.device) -> list[torch.Te
 
     tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torchvision 0.29 points to TorchCodec, which we do not need
+        warnings.simplefilter("ignore")  # torchvision 0.29 points to TorchCodec, which we do not need
         try:
             return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device))
         except RuntimeError:
@@ -200,6 +200,7 @@ _S_TABLE = np.concatenate(([0], np.round((255 << _SHIFT) / np.arange(1, 256)))).
 _H_TABLE = np.concatenate(([0], np.round((180 << _SHIFT) / (6.0 * np.arange(1, 256))))).astype(np.int64)
 # HSV2BGR's sectors: which of (v, v(1 - s), v(1 - s f), v(1 - s (1 - f))) each of r, g, b takes
 _SECTORS = np.array([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
+_ONE = {c: float(np.float32(c)) for c in (6.0 / 180.0, 1.0 / 255.0)}  # OpenCV's float32 constants
 
 
 def hsv_jitter(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
@@ -229,15 +230,16 @@ def hsv_jitter(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     # cv2.transform with the diagonal gains: float32 products, rounded and saturated to uint8
     hsv = torch.stack((hue, s, v), 1).float() * gains.view(-1, 3, 1, 1)
     hue, s, v = hsv.round_().clamp_(0, 255).unbind(1)
-    # HSV2BGR: hue in OpenCV's half degrees, read modulo 180
-    hue = torch.remainder(hue * (6.0 / 180.0), 6.0)
-    sector = hue.floor()
+    # HSV2BGR as OpenCV's vector code computes it: hue in half degrees (6 / 180 per unit, float32), its sector
+    # modulo 6, the channels in float32 and truncated to uint8
+    hue = hue * _ONE[6.0 / 180.0]
+    sector = hue.trunc()
     f = hue - sector
-    s, v = s * (1.0 / 255.0), v * (1.0 / 255.0)
+    s, v = s * _ONE[1.0 / 255.0], v * _ONE[1.0 / 255.0]
     tab = torch.stack((v, v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))), 1)
-    sectors = torch.as_tensor(_SECTORS, device=device)[:, sector.long().clamp_(0, 5)]  # [3, n, h, w]
+    sectors = torch.as_tensor(_SECTORS, device=device)[:, sector.long().remainder_(6)]  # [3, n, h, w]
     rgb = tab.gather(1, sectors.permute(1, 0, 2, 3))
-    return (rgb * 255).round_().clamp_(0, 255).to(torch.uint8)
+    return (rgb * 255).trunc_().clamp_(0, 255).to(torch.uint8)
 
 
 def augment_place(choice: str, device: torch.device | str, quad: bool = False, cache: str | None = None) -> str:
