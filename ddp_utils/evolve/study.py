@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 
 from ..distributed import DistInfo, broadcast_object, launch_key
 from ..engine.guard import TrainingDiverged
-from ..engine.options import user_errors
+from ..engine.options import is_user_error, user_errors
 from ..log import LOGGER
 from .records import TrialResult, trial_line, trial_metrics, trial_results, write_records
 from .settings import EvolveSettings
@@ -227,7 +227,7 @@ def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any],
     except Exception as exc:
         if evolution is not None:
             evolution.fail(trial, f"{type(exc).__name__}: {exc}")
-        if info.distributed:
+        if info.distributed or is_user_error(exc):  # train.run's mistake in the inputs: every trial would meet it
             raise
         LOGGER.warning("evolve: the trial's error; the study goes on", exc_info=True)
         return "failed"
