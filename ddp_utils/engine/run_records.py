@@ -57,4 +57,5 @@ def open_records(run: Run, fit: Training, info: DistInfo, stopper: Any = None) -
         f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
         f"{run.epochs} epochs, logging to {run.save_dir}"
     )
-    return logger, stopper, RunSaves(checkpoints, control, info, watchdog), control, watchdog
+    saves = RunSaves(checkpoints, control, info, watchdog, says_resume=not getattr(stopper, "requeues_on_stop", False))
+    return logger, stopper, saves, control, watchdog

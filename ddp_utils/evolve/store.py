@@ -41,6 +41,7 @@ from ..log import LOGGER
 STUDY_FILE = "study.db"  # the default store, in the evolve directory
 IDENTITY = "ddp_utils.evolve"  # the study's user attribute: what it was made with
 READY = "ddp_utils.evolve.ready"  # set once every slot is enqueued
+OBJECTIVE = "fitness"  # the objective's name in the study (the dashboard's axis and columns)
 MAX_RETRIES = 3  # a trial whose worker was lost is tried again at most this often
 SCHEMES = ("sqlite", "postgresql", "mysql")
 
@@ -190,13 +191,24 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)
         _wait_ready(study, name, identity, storage, wait)
+        if study.metric_names is None:  # a study made before its objective had a name
+            name_objective(study)
         return study
+    name_objective(study)
     study.set_user_attr(IDENTITY, json.loads(json.dumps(dict(identity))))
     study.enqueue_trial(dict(first))
     for _ in range(int(identity["generations"]) - 1):
         study.enqueue_trial({})
     study.set_user_attr(READY, True)
     return study
+
+
+def name_objective(study: optuna.Study) -> None:
+    """Name the study's objective ``fitness`` (YOLOv5's: 0.1 mAP@0.5 + 0.9 mAP@0.5:0.95), as Optuna's dashboard
+    labels it; unnamed, it says "Objective 0"."""
+    with warnings.catch_warnings():  # "experimental" in Optuna 3.2 to 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([OBJECTIVE])
 
 
 def _wait_ready(study: optuna.Study, name: str, identity: Mapping[str, Any], storage: RDBStorage, wait: float) -> None:

@@ -141,6 +141,21 @@ def test_an_unreachable_server_is_one_line_naming_the_url_with_its_password_mask
     assert "\n" not in message
 
 
+def test_the_studys_objective_is_named_fitness_for_the_dashboard(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    _, study = study_for(url, "exp", 2)
+    assert study.metric_names == ["fitness"]  # Optuna's dashboard says "Objective 0" for an unnamed one
+    assert optuna.load_study(study_name="exp", storage=url).metric_names == ["fitness"]  # in the store, for all
+    bare = optuna.create_study(storage=url, study_name="older", direction="maximize")  # one made before the name
+    assert bare.metric_names is None
+    bare.set_user_attr("ddp_utils.evolve", identity(2))
+    bare.set_user_attr("ddp_utils.evolve.ready", True)
+    storage = open_storage(url)
+    opened = open_study(storage, "older", identity(2), {"lr0": 0.01}, optuna.samplers.RandomSampler(),
+                        optuna.pruners.NopPruner())  # fmt: skip
+    assert opened.metric_names == ["fitness"]
+
+
 def test_heartbeat_ids_are_the_storages(tmp_path):
     storage, study = study_for(f"sqlite:///{tmp_path / 'study.db'}", "exp", 1)
     trial = claim(study, storage, "a")
