@@ -202,7 +202,7 @@ def add_evolve_options(parser: argparse.ArgumentParser) -> None:
     add("--evolve-sampler", default="yolov5", choices=EVOLVE_SAMPLERS, help="YOLOv5's mutation, or Optuna's TPE")
     add("--evolve-hyps", nargs="+", metavar="NAME[=LOW:HIGH]", help="hyperparameters to evolve (default: YOLOv5's)")
     add("--evolve-heartbeat", type=float, default=60.0, metavar="SECONDS", help="between a trial's heartbeats; a "
-        "worker silent for twice as long is lost, its trial retried")  # fmt: skip
+        "worker silent for one more, the stall timeout and a restart (300 s) is lost, its trial retried")  # fmt: skip
 
 
 def add_yolov5_options(parser: argparse.ArgumentParser) -> None:

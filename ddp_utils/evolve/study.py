@@ -68,7 +68,7 @@ class Evolution:
         default = settings.storage_url.endswith(f"/{STUDY_FILE}") and settings.storage_url.startswith("sqlite:")
         if default and not (settings.evolve_dir / STUDY_FILE).is_file():
             settings.evolve_dir.mkdir(parents=True, exist_ok=True)  # a new study: its directory holds its store
-        storage = open_storage(settings.storage_url, settings.heartbeat)
+        storage = open_storage(settings.storage_url, settings.heartbeat, settings.grace)
         study = open_study(storage, settings.study_name, settings.identity(), settings.first_values(),
                            settings.make_sampler(), settings.make_pruner())  # fmt: skip
         settings.evolve_dir.mkdir(parents=True, exist_ok=True)
