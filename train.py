@@ -48,10 +48,12 @@ def run(**kwargs) -> argparse.Namespace:
     """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``; returns the options.
 
     A name that is no option raises TypeError (YOLOv5 would ignore it), a value the command line refuses
-    (``imgsz=-5``) :class:`ddp_utils.engine.OptionError`, a ValueError naming the option.
+    (``imgsz=-5``) :class:`ddp_utils.engine.OptionError`, a ValueError naming the option; any other mistake in
+    the inputs (a missing data yaml) the error naming the file, never SystemExit.
     """
     opt = options.options_with(parse_opt(known=True), kwargs, du.dist_info().world_size)
-    main(opt)
+    with options.raising_user_errors():  # what the command line says in one line and exit 2, raised here
+        main(opt)
     return opt
 
 
@@ -76,7 +78,7 @@ def main(opt: argparse.Namespace) -> None:
             train_run(opt, info, device)
         finished = True
     except engine.TrainingDiverged as exc:  # every rank alike, after last.pt was saved: one line, no traceback
-        options.usage_error(str(exc), code=options.DIVERGED_EXIT_CODE)
+        options.exit_or_raise(exc, code=options.DIVERGED_EXIT_CODE)
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
 

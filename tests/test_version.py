@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -37,12 +38,36 @@ def test_the_changelog_names_this_version_as_the_latest_release():
     assert released and released[0] == ddp_utils.__version__, released
 
 
+def checkout_installs(root: Path = REPO_ROOT) -> dict[str, str]:
+    """Where this checkout is installed (``pip install -e ".[dev]"``, ``pip install .``): each metadata of it on
+    sys.path, by location, with its version.
+
+    Every ``ddp_utils`` metadata is looked at, not only the first: an editable install writes
+    ``ddp_utils.egg-info`` into the checkout, and from the checkout (the README's ``python -m pytest``) that one
+    comes first on sys.path, before the install's dist-info whose ``direct_url.json`` names the checkout.
+    """
+    found = {}
+    for dist in metadata.distributions(name="ddp_utils"):
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        home = Path(str(dist.locate_file(""))).resolve()  # the directory holding the metadata
+        if direct.get("url") == root.as_uri() or home == root.resolve():
+            found[str(home)] = dist.version
+    return found
+
+
 def test_an_install_of_this_checkout_reports_the_same_version():
-    try:
-        dist = metadata.distribution("ddp_utils")
-    except metadata.PackageNotFoundError:
-        pytest.skip("ddp_utils is not installed here (imported from the checkout)")
-    direct = json.loads(dist.read_text("direct_url.json") or "{}")
-    if direct.get("url") != REPO_ROOT.as_uri():
-        pytest.skip(f"the installed ddp_utils comes from {direct.get('url')}, not this checkout")
-    assert dist.version == ddp_utils.__version__
+    installs = checkout_installs()
+    if not installs:
+        pytest.skip("this checkout is not installed here (ddp_utils imported from it, or installed from elsewhere)")
+    assert set(installs.values()) == {ddp_utils.__version__}, f"reinstall (pip install -e .): {installs}"
+
+
+def test_a_stale_egg_info_in_the_checkout_is_found_and_would_fail_the_install_check(tmp_path, monkeypatch):
+    """Positive control: the egg-info an editable install leaves in a checkout counts as that checkout's install
+    (it hid the install's dist-info, and the check skipped), so an old version there is caught."""
+    info = tmp_path / "ddp_utils.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: ddp_utils\nVersion: 0.0.1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert checkout_installs(tmp_path) == {str(tmp_path.resolve()): "0.0.1"}
+    assert ddp_utils.__version__ != "0.0.1"  # so the install check would fail here: reinstall

@@ -124,6 +124,17 @@ def train_mode(
     return TrainMode(amp, layout, f"CPU: --amp bf16: bf16 autocast ({_native_words(native)}), {_layout(layout)}")
 
 
+def compute_words(amp: str, channels_last: bool) -> str:
+    """How a run computes, in the compute line's words: the precision, then the layout (``--amp off`` is fp32).
+
+    Examples:
+        >>> compute_words("off", True), compute_words("bf16", True), compute_words("fp16", False)
+        ('fp32, channels_last', 'bf16 autocast, channels_last', 'fp16 autocast, NCHW')
+    """
+    precision = "fp32" if amp == "off" else f"{amp} autocast"
+    return f"{precision}, {'channels_last' if channels_last else 'NCHW'}"
+
+
 def _why_default(amp: str, channels_last: bool, native: list[str]) -> str:
     if amp == "bf16":
         return f"CPU: bf16 autocast ({_native_words(native)}), {_layout(channels_last)}; --amp off: fp32 and NCHW"

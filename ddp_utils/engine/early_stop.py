@@ -23,6 +23,8 @@ class EarlyStopping:
         best_epoch: the epoch that reached it.
         possible_stop: True when the next epoch may stop training (it stops then unless the
             fitness improves), as YOLOv5's train.py reads it to treat that epoch as a final one.
+        requeues_on_stop: False: a run stopped by a signal is continued with ``--resume`` (its stop line says
+            so); an evolve trial's stopper says True (its study continues it).
 
     Examples:
         >>> stopper = EarlyStopping(patience=2)
@@ -31,6 +33,8 @@ class EarlyStopping:
         >>> stopper.best_epoch, stopper.possible_stop
         (1, True)
     """
+
+    requeues_on_stop = False
 
     def __init__(self, patience: int | None = 30) -> None:
         if patience is not None and patience < 0:

@@ -6,13 +6,15 @@
 - :func:`validate_options` (raises :class:`OptionError`, a ``ValueError`` naming the option) and
   :func:`check_options` (the same, and the notes a run logs): before any process group or file.
 - :func:`user_errors`: a wrong path, file or value met while starting a run becomes one line and exit code 2
-  on the command line, not a traceback.
+  on the command line, not a traceback; from Python (:func:`raising_user_errors`, what ``train.run`` runs in) it
+  stays the exception it is, so a caller catches it and the interpreter goes on.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import importlib.util
 import math
 import signal
@@ -212,7 +214,7 @@ def add_evolve_options(parser: argparse.ArgumentParser) -> None:
     add("--evolve-sampler", default="yolov5", choices=EVOLVE_SAMPLERS, help="YOLOv5's mutation, or Optuna's TPE")
     add("--evolve-hyps", nargs="+", metavar="NAME[=LOW:HIGH]", help="hyperparameters to evolve (default: YOLOv5's)")
     add("--evolve-heartbeat", type=float, default=60.0, metavar="SECONDS", help="between a trial's heartbeats; a "
-        "worker silent for twice as long is lost, its trial retried")  # fmt: skip
+        "worker silent for one more, the stall timeout and a restart (300 s) is lost, its trial retried")  # fmt: skip
 
 
 def add_yolov5_options(parser: argparse.ArgumentParser) -> None:
@@ -360,14 +362,55 @@ USER_ERRORS = (
 )
 
 
+# False inside raising_user_errors (train.run): a mistake is raised to the caller, never the interpreter's exit
+_EXIT_ON_USER_ERROR: contextvars.ContextVar[bool] = contextvars.ContextVar("ddp_utils_exit_on_user_error", default=True)
+_USER_ERROR_MARK = "ddp_utils_user_error"  # set on an exception user_errors let through
+
+
 def usage_error(message: str, code: int = 2) -> NoReturn:
     """A user's mistake: one line (once per node), exit ``code`` (2), no traceback; torchrun's report names it."""
     exit_usage_error(f"train.py: error: {message}", code=code)
 
 
+def exit_or_raise(exc: Exception, code: int = 2) -> NoReturn:
+    """``exc``, a mistake or a run that cannot go on: on the command line one line and exit ``code``; inside
+    :func:`raising_user_errors` (``train.run``) ``exc`` itself is raised, marked for :func:`is_user_error`.
+
+    Examples:
+        >>> with raising_user_errors():
+        ...     try:
+        ...         exit_or_raise(FileNotFoundError("data /nonexistent.yaml: no such file"))
+        ...     except FileNotFoundError as exc:
+        ...         print(exc, is_user_error(exc))
+        data /nonexistent.yaml: no such file True
+    """
+    if _EXIT_ON_USER_ERROR.get():
+        usage_error(str(exc), code=code)
+    setattr(exc, _USER_ERROR_MARK, True)
+    raise exc
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a mistake in the inputs that :func:`user_errors` raised (under ``train.run``): every
+    later run with the same inputs would meet it too."""
+    return bool(getattr(exc, _USER_ERROR_MARK, False))
+
+
+@contextlib.contextmanager
+def raising_user_errors() -> Iterator[None]:
+    """Inside, a mistake in the inputs is raised as the exception it is (an :class:`OptionError`, a
+    ``FileNotFoundError`` naming the file...) instead of ending the interpreter: ``train.run``'s way."""
+    token = _EXIT_ON_USER_ERROR.set(False)
+    try:
+        yield
+    finally:
+        _EXIT_ON_USER_ERROR.reset(token)
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """A wrong path, file or value in the inputs: one line and exit code 2, before any run directory.
+    """A wrong path, file or value in the inputs: one line and exit code 2, before any run directory; inside
+    :func:`raising_user_errors`, the exception itself (:func:`exit_or_raise`).
 
     A follower whose node's first process met the mistake (and said it) ends alike, without a traceback.
     """
@@ -375,8 +418,11 @@ def user_errors() -> Iterator[None]:
         yield
     except USER_ERRORS as exc:
         LOGGER.debug("the user error's traceback", exc_info=True)
-        usage_error(str(exc))
+        exit_or_raise(exc)
     except RankFailedError as exc:
         if not exc.leader_raised(*USER_ERRORS):
             raise
-        usage_error(exc.leader_message)
+        if _EXIT_ON_USER_ERROR.get():
+            usage_error(exc.leader_message)
+        setattr(exc, _USER_ERROR_MARK, True)
+        raise

@@ -13,6 +13,7 @@ from typing import Any
 from ..distributed import DistInfo, StallWatchdog
 from ..log import LOGGER
 from . import options
+from .amp import compute_words
 from .checkpoint import Checkpointer
 from .control import StepControl
 from .early_stop import EarlyStopping
@@ -21,6 +22,16 @@ from .plots import plot_labels
 from .run import Run, Training
 from .run_saves import RunSaves
 from .trackers import Trackers
+
+
+def summary_line(run: Run, world_size: int, accumulate: int, images: int) -> str:
+    """The run's one line of what it trains: the size, the processes, the batches, how it computes (as the
+    compute line says it: ``fp32, channels_last``, not ``amp off``), the data and where it logs."""
+    return (
+        f"image size {run.imgsz}, {world_size} process(es) x {run.batch_size // world_size} images, accumulate "
+        f"{accumulate}, {compute_words(run.amp, run.channels_last)}, {images} training images, {run.epochs} epochs, "
+        f"logging to {run.save_dir}"
+    )
 
 
 def open_records(run: Run, fit: Training, info: DistInfo, stopper: Any = None) -> tuple:
@@ -52,9 +63,6 @@ def open_records(run: Run, fit: Training, info: DistInfo, stopper: Any = None) -
     control = StepControl(
         **options.control_settings(run.opt, info.is_main), watchdog=watchdog, skipped=fit.state.skipped
     )
-    LOGGER.info(
-        f"image size {run.imgsz}, {info.world_size} process(es) x {run.batch_size // info.world_size} images, "
-        f"accumulate {fit.step.accumulate}, amp {run.amp}, {len(fit.train_loader.dataset)} training images, "
-        f"{run.epochs} epochs, logging to {run.save_dir}"
-    )
-    return logger, stopper, RunSaves(checkpoints, control, info, watchdog), control, watchdog
+    LOGGER.info(summary_line(run, info.world_size, fit.step.accumulate, len(fit.train_loader.dataset)))
+    saves = RunSaves(checkpoints, control, info, watchdog, says_resume=not getattr(stopper, "requeues_on_stop", False))
+    return logger, stopper, saves, control, watchdog

@@ -35,10 +35,20 @@ class RunSaves:
         info: this process in the job.
         watchdog: the run's :class:`~ddp_utils.distributed.StallWatchdog`: rank 0's saves are a phase of their own
             (:data:`SAVE_PHASE_S`), while the other ranks wait for it; or None.
+        says_resume: whether the stop line ends with how to continue (``python train.py --resume``); False for an
+            evolve trial, whose study continues it (its own line says how: start the same command again).
     """
 
-    def __init__(self, checkpoints: Checkpointer, control: StepControl, info: DistInfo, watchdog: Any = None) -> None:
+    def __init__(
+        self,
+        checkpoints: Checkpointer,
+        control: StepControl,
+        info: DistInfo,
+        watchdog: Any = None,
+        says_resume: bool = True,
+    ) -> None:
         self.checkpoints, self.control, self.info, self.watchdog = checkpoints, control, info, watchdog
+        self.says_resume = says_resume
 
     def _saving(self) -> contextlib.AbstractContextManager:
         return self.watchdog.phase("save", SAVE_PHASE_S) if self.watchdog is not None else contextlib.nullcontext()
@@ -78,7 +88,8 @@ class RunSaves:
                 "rate (hyp lr0) or look for bad labels"
             )
         if self.info.is_main:
-            LOGGER.warning(f"stopped at {state.where()}: {saved}; continue with: python train.py --resume {last}")
+            how = f"; continue with: python train.py --resume {last}" if self.says_resume else ""
+            LOGGER.warning(f"stopped at {state.where()}: {saved}{how}")
         if control.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
             requeue_job()
 

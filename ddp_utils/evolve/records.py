@@ -155,16 +155,29 @@ def write_records(
     return best
 
 
+X_TICKS = 4  # at most this many intervals on a panel's x axis: room for 7-character labels such as 0.00975
+
+
 def plot_evolve(results: Sequence[TrialResult], names: Sequence[str], path: Path) -> None:
     """Each evolved hyperparameter against fitness, one panel each, points coloured by how many lie near them
     and the best trial marked with a cross, as YOLOv5's ``evolve.png``; pruned trials drawn hollow."""
+    if not results or not names:
+        return
+    import matplotlib.pyplot as plt
+
+    fig = evolve_figure(results, names)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def evolve_figure(results: Sequence[TrialResult], names: Sequence[str]) -> Any:
+    """:func:`plot_evolve`'s matplotlib figure (of at least one result and one name), not yet saved."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    if not results or not names:
-        return
     fit = np.array([r.fitness for r in results])
     best = best_result(results)
     cols = min(5, len(names))
@@ -184,12 +197,13 @@ def plot_evolve(results: Sequence[TrialResult], names: Sequence[str], path: Path
             ax.plot(best.hyp[name], best.fitness, "k+", markersize=12)
             ax.set_title(f"{name} = {best.hyp[name]:.3g}", fontsize=8)
         ax.tick_params(labelsize=6)
+        # a panel is 2.4 in wide: matplotlib's nine ticks of a narrow range (lrf 0.00975 ... 0.01175) overlap
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=X_TICKS))
         if i % cols:
             ax.set_yticklabels([])
         else:
             ax.set_ylabel("fitness", fontsize=7)
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    return fig
 
 
 def _density(x: np.ndarray, y: np.ndarray, bins: int = 20) -> np.ndarray:
@@ -241,6 +255,7 @@ __all__ = [
     "best_result",
     "best_yaml_text",
     "csv_text",
+    "evolve_figure",
     "plot_evolve",
     "read_evolve_csv",
     "trial_line",

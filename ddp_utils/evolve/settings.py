@@ -12,11 +12,12 @@ from typing import Any
 
 import optuna
 
+from ..distributed import stall_timeout_from_env
 from ..hyp import load_hyp
 from ..yamls import find_yaml, read_yaml
 from .mutation import YOLOv5Sampler
 from .space import Bound, constrain, search_space, space_record
-from .store import default_storage_url
+from .store import default_storage_url, grace_period
 
 DEFAULT_PROJECT = "runs/train"  # YOLOv5 moves an evolution to runs/evolve when the project was left at this
 
@@ -35,6 +36,8 @@ class EvolveSettings:
         data: what identifies the dataset (its yaml's name, train and val entries and class names).
         epochs: epochs per trial.
         prune, sampler, heartbeat, seed: the options.
+        grace: seconds a trial's heartbeat may be silent before another worker fails it and queues a retry
+            (:func:`~ddp_utils.evolve.store.grace_period`: past the stall watchdog's timeout and a restart).
     """
 
     generations: int
@@ -49,6 +52,7 @@ class EvolveSettings:
     sampler: str = "yolov5"
     heartbeat: float = 60.0
     seed: int = 0
+    grace: int = 300
 
     @classmethod
     def from_options(cls, opt: argparse.Namespace) -> EvolveSettings:
@@ -90,6 +94,7 @@ class EvolveSettings:
             sampler=opt.evolve_sampler,
             heartbeat=float(opt.evolve_heartbeat),
             seed=int(opt.seed),
+            grace=grace_period(opt.evolve_heartbeat, stall_timeout_from_env()),
         )
 
     def identity(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ YOLOV5_SPACE: dict[str, tuple[float, float, float]] = {
     "obj_pw": (1, 0.5, 2.0),
     "iou_t": (0, 0.1, 0.7),
     "anchor_t": (1, 2.0, 8.0),
-    "anchors": (2, 2.0, 10.0),  # anchors per output: ddp_utils' models take theirs from the model yaml
+    "anchors": (2, 2.0, 10.0),  # anchors per output: refused here (NO_ANCHORS), the models' come from their yaml
     "fl_gamma": (0, 0.0, 2.0),
     "hsv_h": (1, 0.0, 0.1),
     "hsv_s": (1, 0.0, 0.9),
@@ -46,6 +46,13 @@ YOLOV5_SPACE: dict[str, tuple[float, float, float]] = {
     "copy_paste": (1, 0.0, 1.0),
 }
 DIGITS = 5  # YOLOv5 rounds every evolved value to 5 decimals
+# YOLOv5 builds its model with hyp["anchors"] anchors per output and lets AutoAnchor compute them (k-means and a
+# genetic search over the labels); ddp_utils has no AutoAnchor, so a count alone would train on placeholder anchors
+NO_ANCHORS = (
+    "the anchors per output (YOLOv5 builds its model with that many and computes them with AutoAnchor) cannot be "
+    "evolved here: ddp_utils has no AutoAnchor, its models take their anchors from the model yaml (--cfg); remove "
+    "anchors from the hyp, or evolve another model yaml's anchors by hand"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +87,9 @@ def search_space(hyp: Mapping[str, Any], names: Iterable[str] | None = None) -> 
             ``hyp`` has and YOLOv5 moves (gain > 0).
 
     Raises:
-        SearchSpaceError: a name ``hyp`` lacks, a name without a range (not YOLOv5's and none given), or a range
-            whose low end is above its high end; the message names it.
+        SearchSpaceError: a name ``hyp`` lacks, a name without a range (not YOLOv5's and none given), a range
+            whose low end is above its high end, or ``anchors`` (in the hyp, or named: :data:`NO_ANCHORS`); the
+            message names it.
 
     Examples:
         >>> list(search_space({"lr0": 0.01, "iou_t": 0.2, "nbs": 64, "mosaic": 1.0}))  # iou_t: gain 0
@@ -93,10 +101,14 @@ def search_space(hyp: Mapping[str, Any], names: Iterable[str] | None = None) -> 
         ddp_utils.evolve.space.SearchSpaceError: --evolve-hyps lr1: not a hyperparameter of the run's hyp (it has lr0)
     """
     if names is None:
+        if "anchors" in hyp:  # YOLOv5 would evolve it: say why it cannot be, rather than evolve a value unused
+            raise SearchSpaceError(f"--evolve: the hyp has anchors: {hyp['anchors']}; {NO_ANCHORS}")
         return {k: Bound(*map(float, YOLOV5_SPACE[k])) for k in hyp if k in YOLOV5_SPACE and YOLOV5_SPACE[k][0] > 0}
     wanted: dict[str, Bound] = {}
     for item in names:
         name, _, given = str(item).partition("=")
+        if name == "anchors":
+            raise SearchSpaceError(f"--evolve-hyps {item}: {NO_ANCHORS}")
         if name not in hyp:
             known = ", ".join(hyp)
             raise SearchSpaceError(f"--evolve-hyps {item}: not a hyperparameter of the run's hyp (it has {known})")
@@ -141,4 +153,13 @@ def constrain(values: Mapping[str, float], space: Mapping[str, Bound]) -> dict[s
     return {k: bound.clip(values[k]) for k, bound in space.items()}
 
 
-__all__ = ["DIGITS", "YOLOV5_SPACE", "Bound", "SearchSpaceError", "constrain", "search_space", "space_record"]
+__all__ = [
+    "DIGITS",
+    "NO_ANCHORS",
+    "YOLOV5_SPACE",
+    "Bound",
+    "SearchSpaceError",
+    "constrain",
+    "search_space",
+    "space_record",
+]

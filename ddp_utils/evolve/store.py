@@ -10,8 +10,10 @@ across nodes). What this module adds to Optuna's storage, and why:
   atomic WAITING -> RUNNING update, so N trials are run between all workers, each once, however many start.
 - **Preemption.** A trial stopped by a signal goes back to waiting (its ``last.pt`` saved, its number kept):
   the next worker to start continues it. A worker killed hard stops beating its heartbeat; after the grace
-  period any worker fails the trial (Optuna's ``fail_stale_trials``, one winner) and queues one retry with the
-  same values, which continues from the trial's last save. A failed trial is never a result.
+  period (:func:`grace_period`: longer than the stall watchdog's timeout and a torchrun restart, so a job that
+  restarts takes its own trial back first) any worker fails the trial (Optuna's ``fail_stale_trials``, one
+  winner) and queues one retry with the same values, which continues from the trial's last save. A failed
+  trial is never a result.
 - **Identity.** A study made with other data, another search space or another N is refused in one line.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import re
 import socket
@@ -41,7 +44,9 @@ from ..log import LOGGER
 STUDY_FILE = "study.db"  # the default store, in the evolve directory
 IDENTITY = "ddp_utils.evolve"  # the study's user attribute: what it was made with
 READY = "ddp_utils.evolve.ready"  # set once every slot is enqueued
+OBJECTIVE = "fitness"  # the objective's name in the study (the dashboard's axis and columns)
 MAX_RETRIES = 3  # a trial whose worker was lost is tried again at most this often
+RESTART_S = 120.0  # torchrun's restart of a job the stall watchdog ended, until its rank 0 claims again
 SCHEMES = ("sqlite", "postgresql", "mysql")
 
 
@@ -91,12 +96,31 @@ def check_storage_url(url: str) -> None:
         )
 
 
-def open_storage(url: str, heartbeat: float = 60.0) -> RDBStorage:
+def grace_period(heartbeat: float, stall_timeout: float | None) -> int:
+    """Seconds a running trial's heartbeat may be silent before any worker fails it and queues a retry.
+
+    A frozen rank 0 stops its heartbeat at once; the other ranks' stall watchdog ends the job after
+    ``stall_timeout``, torchrun restarts it (:data:`RESTART_S`) and the new rank 0 takes its trial back. The grace
+    outlasts all of that plus one heartbeat interval (the last beat may be that old when the freeze comes), so no
+    other worker fails a trial whose own job is coming back; never under two intervals (Optuna's usual grace).
+    ``stall_timeout`` None: the watchdog is off (a restart still comes after a crash).
+
+    Examples:
+        >>> grace_period(60, 120), grace_period(60, None), grace_period(600, 120)
+        (300, 180, 1200)
+    """
+    interval = max(int(round(heartbeat)), 1)
+    return max(2 * interval, math.ceil(interval + (stall_timeout or 0.0) + RESTART_S))
+
+
+def open_storage(url: str, heartbeat: float = 60.0, grace: int | None = None) -> RDBStorage:
     """Optuna's database storage at ``url``, with heartbeats (a lost worker's trial is failed and retried).
 
     Args:
         url: a SQLAlchemy URL: ``sqlite:///path``, ``postgresql://user@host:port/db``, ``mysql://...``.
-        heartbeat: seconds between a running trial's heartbeats; one silent for twice as long is failed.
+        heartbeat: seconds between a running trial's heartbeats.
+        grace: seconds a trial's heartbeat may be silent before it is failed (:func:`grace_period`); None: twice
+            the heartbeat.
 
     Raises:
         StoreError: an unknown scheme, a driver that is not installed, a server that does not answer (one line).
@@ -116,7 +140,7 @@ def open_storage(url: str, heartbeat: float = 60.0) -> RDBStorage:
                         url,
                         engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
                         heartbeat_interval=interval,
-                        grace_period=2 * interval,
+                        grace_period=grace or 2 * interval,
                         heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(MAX_RETRIES, True),
                     )
                     if scheme.startswith("sqlite"):
@@ -190,13 +214,24 @@ def open_study(
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)
         _wait_ready(study, name, identity, storage, wait)
+        if study.metric_names is None:  # a study made before its objective had a name
+            name_objective(study)
         return study
+    name_objective(study)
     study.set_user_attr(IDENTITY, json.loads(json.dumps(dict(identity))))
     study.enqueue_trial(dict(first))
     for _ in range(int(identity["generations"]) - 1):
         study.enqueue_trial({})
     study.set_user_attr(READY, True)
     return study
+
+
+def name_objective(study: optuna.Study) -> None:
+    """Name the study's objective ``fitness`` (YOLOv5's: 0.1 mAP@0.5 + 0.9 mAP@0.5:0.95), as Optuna's dashboard
+    labels it; unnamed, it says "Objective 0"."""
+    with warnings.catch_warnings():  # "experimental" in Optuna 3.2 to 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([OBJECTIVE])
 
 
 def _wait_ready(study: optuna.Study, name: str, identity: Mapping[str, Any], storage: RDBStorage, wait: float) -> None:
@@ -261,21 +296,21 @@ def trial_id(trial: FrozenTrial | optuna.Trial) -> int:
 def claim(study: optuna.Study, storage: RDBStorage, launch: str, restarted: bool = False) -> optuna.Trial | None:
     """The next trial for this worker, marked running in the store; None when no trial is left to start.
 
-    First fails lost workers' trials (a stale heartbeat; each gets one retry, waiting), then, on a restart of the
-    same job (``restarted``: torchrun's elastic restart, a SLURM requeue), takes back the trial this launch was
-    running, then takes the waiting trial with the lowest number: a stopped one before new ones. Rank 0 only.
+    On a restart of the same job (``restarted``: torchrun's elastic restart, a SLURM requeue) it first takes back
+    the trial this launch was running, before anything can fail it for its silent heartbeat (the restart's own
+    claim included); or, when another worker failed it already, that trial's retry. Then it fails lost workers'
+    trials (a stale heartbeat; each gets one retry, waiting) and takes the waiting trial with the lowest number:
+    a stopped one before new ones. Rank 0 only.
 
     Args:
         launch: this job's launch key (:func:`~ddp_utils.distributed.launch_key`), recorded on the trial.
     """
+    own = take_back(study, storage, launch) if restarted else None
+    if own is not None:
+        return own
     with warnings.catch_warnings():  # "experimental" since Optuna 2.9, and what its own optimize loop calls
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if restarted and frozen.user_attrs.get("launch") == launch:
-            storage.record_heartbeat(trial_id(frozen))
-            LOGGER.info(f"evolve: trial {frozen.number} was this job's before its restart: continuing it")
-            return optuna.Trial(study, trial_id(frozen))
     for frozen in sorted(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda t: t.number):
         storage.record_heartbeat(trial_id(frozen))  # fresh before it runs: no worker takes it for a lost one
         if storage.set_trial_state_values(trial_id(frozen), state=TrialState.RUNNING):  # atomic: one worker wins
@@ -283,6 +318,25 @@ def claim(study: optuna.Study, storage: RDBStorage, launch: str, restarted: bool
             trial.set_user_attr("launch", launch)
             trial.set_user_attr("host", socket.gethostname())
             return trial
+    return None
+
+
+def take_back(study: optuna.Study, storage: RDBStorage, launch: str) -> optuna.Trial | None:
+    """The trial ``launch`` was running before its restart, running again (its heartbeat fresh), or None.
+
+    Its running trial; else a waiting one of the launch (the retry another worker queued after failing it, which
+    keeps its attributes, or one a signal put back), so the restart continues from the trial's last save.
+    """
+    mine = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+            if t.user_attrs.get("launch") == launch]  # fmt: skip
+    for frozen in sorted(mine, key=lambda t: (t.state != TrialState.RUNNING, t.number)):
+        storage.record_heartbeat(trial_id(frozen))  # first: no claim elsewhere takes it for a lost one now
+        state = storage.get_trial(trial_id(frozen)).state
+        if state == TrialState.RUNNING or (
+            state == TrialState.WAITING and storage.set_trial_state_values(trial_id(frozen), state=TrialState.RUNNING)
+        ):
+            LOGGER.info(f"evolve: trial {frozen.number} was this job's before its restart: continuing it")
+            return optuna.Trial(study, trial_id(frozen))
     return None
 
 
@@ -361,11 +415,13 @@ __all__ = [
     "check_storage_url",
     "claim",
     "default_storage_url",
+    "grace_period",
     "heartbeat",
     "open_storage",
     "open_study",
     "pause",
     "results_count",
     "shown_url",
+    "take_back",
     "trial_id",
 ]

@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 
 from ..distributed import DistInfo, broadcast_object, launch_key
 from ..engine.guard import TrainingDiverged
-from ..engine.options import user_errors
+from ..engine.options import is_user_error, user_errors
 from ..log import LOGGER
 from .records import TrialResult, trial_line, trial_metrics, trial_results, write_records
 from .settings import EvolveSettings
@@ -68,7 +68,7 @@ class Evolution:
         default = settings.storage_url.endswith(f"/{STUDY_FILE}") and settings.storage_url.startswith("sqlite:")
         if default and not (settings.evolve_dir / STUDY_FILE).is_file():
             settings.evolve_dir.mkdir(parents=True, exist_ok=True)  # a new study: its directory holds its store
-        storage = open_storage(settings.storage_url, settings.heartbeat)
+        storage = open_storage(settings.storage_url, settings.heartbeat, settings.grace)
         study = open_study(storage, settings.study_name, settings.identity(), settings.first_values(),
                            settings.make_sampler(), settings.make_pruner())  # fmt: skip
         settings.evolve_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any],
     except Exception as exc:
         if evolution is not None:
             evolution.fail(trial, f"{type(exc).__name__}: {exc}")
-        if info.distributed:
+        if info.distributed or is_user_error(exc):  # train.run's mistake in the inputs: every trial would meet it
             raise
         LOGGER.warning("evolve: the trial's error; the study goes on", exc_info=True)
         return "failed"

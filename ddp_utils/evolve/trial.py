@@ -97,6 +97,9 @@ class TrialStopper(EarlyStopping):
 
     Attributes:
         pruned_at: epochs trained when the pruner stopped the trial, or None.
+        requeues_on_stop: True: a trial stopped by a signal goes back to its study's queue, and the evolve line
+            says how to continue it; the run's own stop line gives no ``--resume`` command (that would train
+            the trial outside the study).
 
     Examples:
         >>> import optuna
@@ -106,6 +109,8 @@ class TrialStopper(EarlyStopping):
         >>> [stopper(epoch, fit) for epoch, fit in enumerate([0.6, 0.4])], stopper.pruned_at
         ([False, True], 2)
     """
+
+    requeues_on_stop = True
 
     def __init__(
         self,

@@ -149,3 +149,26 @@ def test_bf16_steps_keep_fp32_weights_optimizer_ema_and_batchnorm_statistics(cha
     assert flat.dtype == torch.float32 and bn.running_mean.data_ptr() in range(flat.data_ptr(), flat.data_ptr() + 64)
     if channels_last:
         assert model.body[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(
+    ("amp", "channels_last", "words"),
+    [("off", True, "fp32, channels_last"), ("off", False, "fp32, NCHW"), ("bf16", True, "bf16 autocast, channels_last"),
+     ("fp16", True, "fp16 autocast, channels_last")],
+)  # fmt: skip
+def test_the_run_summary_names_the_compute_mode_as_the_compute_line_does(tmp_path, amp, channels_last, words):
+    """It said "amp off" on a run whose compute line said "fp32, channels_last"."""
+    import argparse
+
+    from ddp_utils.engine.run import Run
+    from ddp_utils.engine.run_records import summary_line
+
+    run = Run(argparse.Namespace(), tmp_path, "k", {}, {}, "hyp.yaml", 3, amp, 1, {0: "a"}, imgsz=128, batch_size=8,
+              channels_last=channels_last)  # fmt: skip
+    line = summary_line(run, world_size=2, accumulate=4, images=64)
+    assert line == (f"image size 128, 2 process(es) x 4 images, accumulate 4, {words}, 64 training images, 3 epochs, "
+                    f"logging to {tmp_path}")  # fmt: skip
+    assert "amp" not in line
+    if amp == "off":  # the CPU's compute line for the same mode says the same words
+        why = train_mode(None, "cpu", flags={"avx2"}, channels_last=channels_last).why
+        assert why.startswith(f"CPU: {words.split(',')[0]}") and words.split(", ")[1] in why

@@ -13,24 +13,49 @@ from ..multiproc import describe, launch, records
 SCENARIOS = "tests.workers.control_scenarios"
 
 
-def test_the_clock_asks_once_per_interval_and_again_only_after_the_save():
+# (clock, boundary, last) per step, or "saved" where a save is made: a 10 s interval, windows of 3 steps
+SCHEDULE = [
+    (0.0, True, False),
+    (10.0, False, False),  # due, inside a window: the request waits for the window's end
+    (11.0, False, False),
+    (12.0, True, False),  # the window's end: the save
+    (15.0, True, False),  # not saved yet: no second request
+    (16.0, True, False),
+    "saved",  # at 16 s
+    (24.0, True, False),
+    (26.0, True, True),  # due, but the epoch's last step: its own save follows
+    "saved",  # at 26 s: the end-of-epoch save restarts the clock and drops the request
+    (27.0, True, False),
+    (36.0, True, False),  # due again: one save for the next interval
+    (37.0, True, False),
+]
+
+
+def actions_over(schedule: list) -> list[Action]:
     now = [0.0]
-    control = StepControl(save_interval=10.0, clock=lambda: now[0])
-    with control:
-        assert control.after_step(None, boundary=True, last=False) is Action.GO
-        now[0] = 10.0
-        assert control.after_step(None, boundary=False, last=False) is Action.GO  # due, but inside a window
-        assert control._asked  # asked once; the request waits for the window's end
-        assert control.after_step(None, boundary=True, last=False) is Action.SAVE
-        now[0] = 15.0
-        assert control.after_step(None, boundary=True, last=False) is Action.GO  # not saved yet: no second request
-        control.saved()
-        now[0] = 24.0
-        assert control.after_step(None, boundary=True, last=False) is Action.GO
-        now[0] = 25.0
-        assert control.after_step(None, boundary=True, last=True) is Action.GO  # the epoch's own save follows
-        control.saved()  # the end-of-epoch save restarts the clock and drops the request
-        assert control.after_step(None, boundary=True, last=False) is Action.GO
+    with StepControl(save_interval=10.0, clock=lambda: now[0]) as control:
+        actions = []
+        for step in schedule:
+            if step == "saved":
+                control.saved()
+                continue
+            now[0], boundary, last = step
+            actions.append(control.after_step(None, boundary=boundary, last=last))
+    return actions
+
+
+def saves_at(actions: list[Action], schedule: list) -> list[float]:
+    return [step[0] for step, action in zip([s for s in schedule if s != "saved"], actions) if action is Action.SAVE]
+
+
+def test_the_clock_asks_once_per_interval_and_again_only_after_the_save(monkeypatch):
+    assert saves_at(actions_over(SCHEDULE), SCHEDULE) == [12.0, 36.0]  # one SAVE per interval, at a window's end
+
+    def unlatched(self):  # positive control: a clock that asks at every due step, not once until the save
+        return self.interval > 0 and self.clock() - self.last_saved >= self.interval
+
+    monkeypatch.setattr(StepControl, "_clock_asks", unlatched)
+    assert saves_at(actions_over(SCHEDULE), SCHEDULE) == [12.0, 15.0, 16.0, 36.0, 37.0]  # the check would fail
 
 
 def test_a_clock_that_is_not_this_ranks_never_asks():

@@ -258,6 +258,7 @@ def test_an_epoch_stopped_and_continued_from_its_checkpoint_equals_the_whole_epo
                      last_opt_step=state.last_opt_step)  # fmt: skip
     rest = train_one_epoch(step, loader[state.batch :], 1, CPU, nb=nb, start=state.batch, loss=state.rank_loss(0, 1))
     assert torch.equal(rest.loss, reference[1]) and rest.batch == nb and not rest.stopped
+    assert rest.images == (nb - state.batch) * 2  # the speed counts the images trained now, not the epoch's
     for (name, a), b in zip(whole[0].state_dict().items(), model.state_dict().values()):
         assert torch.equal(a, b), name
     for (name, a), b in zip(whole[2].ema.state_dict().items(), ema.ema.state_dict().values()):

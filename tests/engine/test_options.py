@@ -97,6 +97,39 @@ def test_train_run_from_python_raises_a_value_error_naming_the_option(monkeypatc
     assert str(info.value).startswith(option) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(("kwargs", "error", "named"), [
+    ({"data": "{tmp}/nonexistent.yaml"}, FileNotFoundError, "{tmp}/nonexistent.yaml: no such file"),
+    ({"cfg": "{tmp}/no_model.yaml"}, FileNotFoundError, "{tmp}/no_model.yaml"),
+    ({"weights": "{tmp}/no_weights.pt"}, FileNotFoundError, "{tmp}/no_weights.pt"),
+])  # fmt: skip
+def test_train_run_from_python_raises_a_missing_file_naming_it_and_the_interpreter_goes_on(
+    monkeypatch, tmp_path, kwargs, error, named
+):
+    """What the command line says in one line and exit 2 is, from Python, the error itself: no SystemExit."""
+    import train
+
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    given = {k: v.format(tmp=tmp_path) for k, v in kwargs.items()}
+    project = tmp_path / "runs"
+    with pytest.raises(error) as info:  # a SystemExit (BaseException) would fail this test, not pass it
+        train.run(**given, device="cpu", project=str(project), epochs=1, imgsz=64, batch_size=2, workers=0)
+    assert named.format(tmp=tmp_path) in str(info.value) and "\n" not in str(info.value)
+    assert not project.exists()  # refused before any run directory
+
+
+def test_the_command_line_still_says_a_missing_data_yaml_in_one_line_and_exits_2(tmp_path):
+    """The other side of raising_user_errors: outside it, user_errors ends the process with code 2."""
+    missing = FileNotFoundError(f"{tmp_path}/nonexistent.yaml: no such file")
+    with pytest.raises(SystemExit) as info, options_module.user_errors():
+        raise missing
+    assert info.value.code == 2
+    with options_module.raising_user_errors(), pytest.raises(FileNotFoundError) as raised, options_module.user_errors():
+        raise missing
+    assert raised.value is missing and options_module.is_user_error(missing)
+    with pytest.raises(SystemExit), options_module.user_errors():  # the mode ends with its block
+        raise FileNotFoundError("x")
+
+
 def test_an_image_size_whose_batch_the_host_cannot_hold_is_refused(monkeypatch):
     monkeypatch.setattr(options_module, "mem_available", lambda: 2 * 2**30)  # a host with 2 GiB to spare
     check_options(parse_opt(["--imgsz", "640", "--device", "cpu"]), world_size=1)  # 94 MiB: fits

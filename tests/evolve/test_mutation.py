@@ -6,9 +6,11 @@ import numpy as np
 import optuna
 import pytest
 
+from ddp_utils.evolve import mutation as mutation_module
 from ddp_utils.evolve.mutation import (
     FACTOR_LIMITS,
     MUTATION_PROBABILITY,
+    SIGMA,
     YOLOv5Sampler,
     mutate,
     mutation_factors,
@@ -90,8 +92,38 @@ def test_the_sampler_mutates_the_studys_fittest_trials_and_replays_from_the_same
     assert np.mean([c > 0.015 for c in children]) > 0.7
 
 
-def test_with_nothing_finished_the_sampler_mutates_the_starting_values():
-    study = _study(0, [])
-    trial = study.ask()
-    lr0 = trial.suggest_float("lr0", 1e-5, 0.1)
-    assert 0.003 <= lr0 <= 0.03 and (lr0, trial.suggest_float("mosaic", 0.0, 1.0)) != (0.01, 1.0)
+def test_with_nothing_finished_the_sampler_mutates_the_starting_values_exactly_as_seeded():
+    """Trial 0 of seed 0 draws from default_rng([0, 0]): the parent (the starting values, the only one), then
+    coins [True, True], normals [0.1049, -0.5357] and u 0.9128, so factors 1 + normal * u * 0.2 = [1.01915,
+    0.90221]: lr0 0.01 -> 0.01019 and mosaic 1.0 -> 0.90221, rounded to 5 decimals."""
+    rng = np.random.default_rng([0, 0])
+    rng.choice(1, p=[1.0])  # the parent draw
+    coins, normals, u = rng.random(2) < MUTATION_PROBABILITY, rng.standard_normal(2), rng.random()
+    factors = 1 + coins * normals * u * SIGMA
+    assert factors.round(5).tolist() == [1.01915, 0.90221]
+    trial = _study(0, []).ask()
+    assert trial.suggest_float("lr0", 1e-5, 0.1) == 0.01019 == round(0.01 * factors[0], 5)
+    assert trial.suggest_float("mosaic", 0.0, 1.0) == 0.90221 == round(1.0 * factors[1], 5)
+
+
+def lr0_steps(trials: int) -> np.ndarray:
+    """lr0's relative step (child / 0.01 - 1) of the first trial of ``trials`` studies (seeds 0...), none done."""
+    return np.array([_study(seed, []).ask().suggest_float("lr0", 1e-5, 0.1) / 0.01 - 1 for seed in range(trials)])
+
+
+def steps_match_sigma(steps: np.ndarray, sigma: float) -> bool:
+    """Whether the steps' spread is YOLOv5's for ``sigma``: a step is coin x N(0, 1) x u x sigma (u uniform), drawn
+    again when no coin of the two hyperparameters came up, so E[step^2] = P(coin | any) x sigma^2 / 3, with
+    P(coin | any) = 0.8 / (1 - 0.2^2); within 10% (2000 draws: about 4 standard errors)."""
+    moved = MUTATION_PROBABILITY / (1 - (1 - MUTATION_PROBABILITY) ** 2)
+    return abs(np.sqrt(np.mean(steps**2)) / (sigma * np.sqrt(moved / 3)) - 1) < 0.1
+
+
+def test_the_samplers_steps_have_yolov5s_spread_and_a_wrong_sigma_would_fail(monkeypatch):
+    steps = lr0_steps(2000)
+    assert steps_match_sigma(steps, 0.2)  # YOLOv5's sigma
+    assert np.mean(steps != 0) == pytest.approx(0.8 / 0.96, abs=0.03)  # the coin, given that something moved
+    assert np.median(steps) == pytest.approx(0.0, abs=0.01)  # as likely up as down
+    for wrong in (0.15, 0.25):  # positive control: the sampler with another sigma fails the check
+        monkeypatch.setattr(mutation_module, "SIGMA", wrong)
+        assert not steps_match_sigma(lr0_steps(2000), 0.2), wrong

@@ -41,6 +41,29 @@ def test_a_name_or_range_that_cannot_be_searched_is_one_line(names, message):
         search_space(load_hyp("hyp.shapes.yaml"), names)
 
 
+@pytest.mark.parametrize(
+    ("extra", "names", "message"),
+    [
+        (
+            {"anchors": 3},
+            None,
+            r"^--evolve: the hyp has anchors: 3; the anchors per output .* ddp_utils has no "
+            r"AutoAnchor, its models take their anchors from the model yaml \(--cfg\); remove anchors from the hyp",
+        ),
+        ({"anchors": 3}, ["lr0", "anchors"], r"^--evolve-hyps anchors: the anchors per output"),
+        ({"anchors": 3}, ["anchors=2:10"], r"^--evolve-hyps anchors=2:10: the anchors per output"),
+    ],
+)
+def test_anchors_which_yolov5_evolves_are_refused_by_name(extra, names, message):
+    """YOLOv5 evolves ``anchors`` (2-10 per output) when its hyp has the key, building the model with that many and
+    computing them with AutoAnchor; ddp_utils has no AutoAnchor (its Model takes a count only as placeholders to
+    be computed), so the key was evolved and then never used. Now: one line saying so."""
+    hyp = load_hyp("hyp.scratch-low.yaml") | extra
+    with pytest.raises(SearchSpaceError, match=message):
+        search_space(hyp, names)
+    assert "anchors" not in search_space(hyp, ["lr0"])  # evolving other names: the key stays as the hyp says
+
+
 def test_values_are_clipped_to_the_limits_and_rounded_to_five_decimals():
     space = {"lr0": Bound(1, 1e-5, 0.1), "momentum": Bound(0.3, 0.6, 0.98), "mixup": Bound(1, 0.0, 1.0)}
     assert constrain({"lr0": 3.0, "momentum": 0.1, "mixup": 0.123456789, "extra": 5}, space) == {

@@ -12,18 +12,22 @@ import time
 import optuna
 import pytest
 
+from ddp_utils.evolve.settings import EvolveSettings
 from ddp_utils.evolve.store import (
     StoreError,
     check_storage_url,
     claim,
+    grace_period,
     open_storage,
     open_study,
     pause,
     results_count,
     trial_id,
 )
+from ddp_utils.evolve.study import Evolution
 from tests.multiproc import REPO_ROOT, collect, describe, free_port, launcher_env
 from tests.workers.evolve_scenarios import identity, study_for
+from train import parse_opt
 
 SCENARIOS = "tests.workers.evolve_scenarios"
 POSTGRES_ENV, REQUIRE_POSTGRES = "TEST_POSTGRES_URL", "REQUIRE_POSTGRES"  # no DDP_UTILS_: conftest drops those
@@ -139,6 +143,61 @@ def test_an_unreachable_server_is_one_line_naming_the_url_with_its_password_mask
     assert message.startswith(f"--evolve-storage postgresql://me:***@127.0.0.1:{url.split(':')[3]}")
     assert "cannot open the study store (OperationalError" in message and "secret" not in message
     assert "\n" not in message
+
+
+def test_a_restarted_job_takes_its_own_silent_trial_back_and_costs_no_retry(tmp_path):
+    """Rank 0 froze: its trial's heartbeat stopped past the grace; the job's restart (same launch key) continues
+    that trial, before its own claim (or anyone's) fails it for the silence: no failure, no retry, no new slot."""
+    storage, study = study_for(f"sqlite:///{tmp_path / 'study.db'}", "exp", 3, heartbeat=1)
+    first = claim(study, storage, "job-a")
+    time.sleep(2.5)  # silent past the grace (twice the 1 s heartbeat, as open_storage has it by default)
+    again = claim(study, storage, "job-a", restarted=True)
+    assert again.number == first.number == 0
+    running, waiting = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING
+    assert [t.state for t in study.get_trials()] == [running, waiting, waiting]  # 3 trials: no retry queued
+    other = claim(study, storage, "job-b")  # the heartbeat taken back is fresh: another worker leaves it alone
+    assert other.number == 1 and study.get_trials()[0].state == running
+
+
+def test_a_restart_that_comes_after_the_grace_takes_its_trials_retry_before_new_slots(tmp_path):
+    """Another worker failed the silent trial first and queued its retry (number 3): the restarted job takes that
+    retry, which continues the trial's run, not the next new slot."""
+    storage, study = study_for(f"sqlite:///{tmp_path / 'study.db'}", "exp", 3, heartbeat=1)
+    claim(study, storage, "job-a").set_user_attr("dir", "/runs/evolve/exp/trials/0")
+    time.sleep(2.5)
+    assert claim(study, storage, "job-b").number == 1  # it failed trial 0 and queued the retry
+    back = claim(study, storage, "job-a", restarted=True)
+    frozen = study.get_trials()[back.number]
+    assert back.number == 3 and frozen.system_attrs["failed_trial"] == 0
+    assert frozen.user_attrs["dir"] == "/runs/evolve/exp/trials/0"  # where trial 0 saved: it continues there
+    assert claim(study, storage, "job-c").number == 2
+
+
+def test_the_grace_outlasts_the_stall_timeout_and_a_restart(tmp_path, monkeypatch):
+    """The default 60 s heartbeat used to give 120 s of grace, less than the stall watchdog's 120 s plus torchrun's
+    restart: another worker failed a frozen job's trial before the restart could take it back."""
+    assert grace_period(60, 120) == 60 + 120 + 120 and grace_period(60, None) == 180
+    monkeypatch.setenv("DDP_UTILS_STALL_TIMEOUT", "200")
+    argv = ["--evolve", "2", "--project", str(tmp_path), "--evolve-heartbeat", "30"]
+    settings = EvolveSettings.from_options(parse_opt(argv))
+    assert settings.grace == 30 + 200 + 120
+    evolution = Evolution.open(settings, "job-a")
+    assert evolution.storage.grace_period == settings.grace  # what fail_stale_trials reads
+
+
+def test_the_studys_objective_is_named_fitness_for_the_dashboard(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    _, study = study_for(url, "exp", 2)
+    assert study.metric_names == ["fitness"]  # Optuna's dashboard says "Objective 0" for an unnamed one
+    assert optuna.load_study(study_name="exp", storage=url).metric_names == ["fitness"]  # in the store, for all
+    bare = optuna.create_study(storage=url, study_name="older", direction="maximize")  # one made before the name
+    assert bare.metric_names is None
+    bare.set_user_attr("ddp_utils.evolve", identity(2))
+    bare.set_user_attr("ddp_utils.evolve.ready", True)
+    storage = open_storage(url)
+    opened = open_study(storage, "older", identity(2), {"lr0": 0.01}, optuna.samplers.RandomSampler(),
+                        optuna.pruners.NopPruner())  # fmt: skip
+    assert opened.metric_names == ["fitness"]
 
 
 def test_heartbeat_ids_are_the_storages(tmp_path):

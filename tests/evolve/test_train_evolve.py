@@ -160,6 +160,9 @@ def test_a_worker_stopped_mid_trial_is_continued_by_the_next_start_to_the_same_b
     stopped = run_watching(cmd, progress_env(), 500, stop_in_trial_1)
     assert stopped.returncode == 0 and len(sent) == 2, describe([stopped])
     assert "evolve: trial 1 stopped and saved" in stopped.stderr, describe([stopped])
+    # one instruction: the study continues the trial; a --resume of its last.pt would train it outside the study
+    assert re.search(r"stopped at epoch 2, batch [2-4]/4: saved \S+/trials/1/weights/last.pt in ", stopped.stderr)
+    assert "continue with" not in stopped.stderr and "--resume" not in stopped.stderr, stopped.stderr
     assert "evolve: 1/2 trials finished (0 pruned, 0 failed, 1 waiting)" in stopped.stderr, stopped.stderr
     again = run(cmd, train_env(), 300)
     assert again.returncode == 0, describe([again])

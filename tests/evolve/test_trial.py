@@ -10,6 +10,7 @@ import pytest
 
 from ddp_utils.distributed import DistInfo
 from ddp_utils.engine import TrainingDiverged
+from ddp_utils.engine.options import raising_user_errors, user_errors
 from ddp_utils.evolve.settings import EvolveSettings
 from ddp_utils.evolve.study import run_trial
 from ddp_utils.evolve.trial import TrialPlan, TrialStopper
@@ -134,3 +135,17 @@ def test_run_trial_says_what_became_of_the_trial_and_records_a_failure_once(trai
     evolution = RecordingEvolution()
     assert run_trial(evolution, object(), train, DistInfo()) == outcome  # "failed": never recorded as a result too
     assert evolution.calls == calls
+
+
+def test_under_train_run_a_mistake_in_the_inputs_fails_the_trial_and_ends_the_evolution():
+    """From Python (train.run) a missing file is raised, not SystemExit: every trial would meet it, so it is
+    recorded once and raised to the caller, not met again by each of the N trials."""
+
+    def missing_cfg() -> None:
+        with raising_user_errors(), user_errors():
+            raise FileNotFoundError("/nowhere/model.yaml: no such file")
+
+    evolution = RecordingEvolution()
+    with pytest.raises(FileNotFoundError, match="/nowhere/model.yaml"):
+        run_trial(evolution, object(), missing_cfg, DistInfo())
+    assert evolution.calls == [("fail", "FileNotFoundError: /nowhere/model.yaml: no such file")]
