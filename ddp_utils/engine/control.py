@@ -33,7 +33,7 @@ from ..distributed import all_reduce, any_rank, is_dist_initialized, reduce_tens
 from .guard import IN_A_ROW, SKIPPED, HostCounts
 from .signals import PreemptionHandler
 
-NONFINITE_LIMIT = 25  # optimizer steps in a row with non-finite gradients that stop a run (fp16 overflows excepted)
+NONFINITE_LIMIT = 25  # optimizer steps skipped in a row that stop a run (fp16 overflows too: the scale halved 25 times)
 _STOP, _SAVE, _SKIPPED, _IN_A_ROW = range(4)  # the flags' places in the per-step all-reduce
 
 
