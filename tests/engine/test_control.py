@@ -88,7 +88,11 @@ def test_a_non_finite_step_on_one_rank_is_skipped_by_every_rank(fused):
     for record in (rank0, rank1):
         assert record["batches"] == 10 and not record["stopped"] and not record["stop"] and record["reason"] is None
         assert record["skipped"] == 1 and record["finite"] and record["optimizer_steps"] == 10
+        assert record["fused"] is (fused == "1")  # the branch the case names is the one that ran
         assert record["weights"][3] == record["weights"][2] != record["weights"][4]  # step 3 left no trace
+        # BatchNorm's statistics too, on both ranks (rank 0's forward was finite; the step's flag is shared); a
+        # finite step changes them (the positive control: the equality is not there by construction)
+        assert record["bn_means"][3] == record["bn_means"][2] != record["bn_means"][4], record["bn_means"][2:5]
     assert rank0["weights"] == rank1["weights"]  # both ranks skipped it: DDP's weights stay equal
 
 
