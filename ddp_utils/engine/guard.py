@@ -35,7 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..distributed.parallel import de_parallel
 
-SKIPPED, IN_A_ROW = 0, 1  # the indices of NonFiniteGuard.counts
+SKIPPED, IN_A_ROW, OVERFLOWS = 0, 1, 2  # the indices of NonFiniteGuard.counts
 
 
 class TrainingDiverged(RuntimeError):
@@ -109,7 +109,9 @@ class NonFiniteGuard:
         device: where the counts live.
 
     Attributes:
-        counts: a float tensor on ``device``: ``[steps skipped in all, steps skipped in a row]``.
+        counts: a float tensor on ``device``: ``[steps skipped in all, steps skipped in a row, of all those the
+            GradScaler's overflows]`` (an overflow: finite losses, gradients that overflowed fp16; the scaler's
+            routine while it lowers its scale to fit, a fault when it goes on).
 
     Examples:
         >>> model = nn.Linear(2, 1)
@@ -119,12 +121,12 @@ class NonFiniteGuard:
         >>> guard.before_forward(); loss = model(torch.ones(1, 2)).sum() * float("inf"); guard.check_loss(loss)
         >>> loss.backward(); guard.optimizer_step(optimizer, None, torch.tensor(float("nan")))
         >>> torch.equal(model.weight, before), guard.counts.tolist()
-        (True, [1.0, 1.0])
+        (True, [1.0, 1.0, 0.0])
     """
 
     def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.stats = FlatBatchNormStats(model)
-        self.counts = torch.zeros(2, device=device)
+        self.counts = torch.zeros(3, device=device)
         self._loss_ok: torch.Tensor | None = None  # None: no accumulation window open
 
     def before_forward(self) -> None:
@@ -146,16 +148,19 @@ class NonFiniteGuard:
         counted; all three from the same flag. A GradScaler's own skip (an fp16 overflow, its scale halving)
         so counts as well: a persistent overflow reaches the run's limit of skips in a row like any other.
         """
-        ok = torch.isfinite(total_norm)
-        if self._loss_ok is not None:
-            ok = ok & self._loss_ok
+        grads_ok = torch.isfinite(total_norm)
+        loss_ok = self._loss_ok if self._loss_ok is not None else torch.ones_like(grads_ok)
+        ok = grads_ok & loss_ok
         _step_unless(optimizer, ok)
-        if scaler is not None and scaler.is_enabled():  # halves its scale when unscale_ found non-finite gradients
+        scaled = scaler is not None and scaler.is_enabled()
+        if scaled:  # halves its scale when unscale_ found non-finite gradients
             scaler.update()
         self.stats.restore_unless(ok)
         bad = (~ok).float()
         self.counts[SKIPPED] += bad
         self.counts[IN_A_ROW] = (self.counts[IN_A_ROW] + bad) * bad
+        if scaled:
+            self.counts[OVERFLOWS] += (loss_ok & ~grads_ok).float()
         self._loss_ok = None
 
 

@@ -70,12 +70,33 @@ class RunSaves:
         comes once the file is on disk."""
         self.save(fit, stats, say=True)
 
+    def _diverged(self, state: TrainState, amp: str, written: bool, took: float) -> str:
+        """The one line of a run that stopped as diverged: why, what last.pt holds, what to do."""
+        control, last = self.control, self.checkpoints.last
+        if control.in_a_row >= control.nonfinite_limit:
+            overflows = _OVERFLOWS if amp == "fp16" else ""
+            why = (
+                f"{control.in_a_row} optimizer steps in a row had non-finite gradients or losses "
+                f"({control.skipped} skipped in all{overflows})"
+            )
+            holds = "the last finite state"
+        else:
+            faults = control.epoch_skipped - control.epoch_overflows
+            why = (
+                f"{faults} of the epoch's {control.epoch_steps} optimizer steps were skipped (non-finite gradients "
+                "or losses): it is not training (the epoch was not validated; best.pt, if any, is an earlier one's)"
+            )
+            holds = "where it stopped"
+        saved = f"saved {last} in {took:.1f} s, {holds}" if written else _not_saved(last)
+        return f"training diverged at {state.where()}: {why}; {saved}; {diverged_advice(amp)}"
+
     def stop(self, fit: Training, stats: Any = None) -> None:
         """Every rank, when the control stopped the run: save where it stands (at ``stats``' batch when the epoch
         was not validated), wait until the file is on disk, and say so.
 
         Raises:
-            TrainingDiverged: the run stopped because its steps stayed non-finite (last.pt: the last finite state).
+            TrainingDiverged: the run stopped because its steps stayed non-finite, or an epoch skipped most of them
+                (:attr:`~ddp_utils.engine.control.StepControl.diverging`); the message says what last.pt holds.
         """
         state = self.save(fit, stats) if stats is not None else fit.state
         with self._saving():
@@ -83,12 +104,7 @@ class RunSaves:
         took = self.checkpoints.write_seconds
         control = self.control
         if control.reason == "diverged":
-            saved = f"saved {last} in {took:.1f} s, the last finite state" if written else _not_saved(last)
-            raise TrainingDiverged(
-                f"training diverged at {state.where()}: {control.in_a_row} optimizer steps in a row had non-finite "
-                f"gradients or losses ({control.skipped} skipped in all{_OVERFLOWS if fit.step.amp == 'fp16' else ''}"
-                f"); {saved}; {DIVERGED_ADVICE}"
-            )
+            raise TrainingDiverged(self._diverged(state, fit.step.amp, written, took))
         if self.info.is_main:
             saved = f"saved {last} in {took:.1f} s; continue with: python train.py --resume {last}"
             LOGGER.warning(f"stopped at {state.where()}: {saved if written else _not_saved(last)}")
@@ -96,7 +112,17 @@ class RunSaves:
             requeue_job()
 
 
-DIVERGED_ADVICE = "lower the learning rate (hyp lr0), try --amp off, or look for bad labels"
+def diverged_advice(amp: str) -> str:
+    """What to do about a run that diverged, under ``--amp`` ``amp``.
+
+    Examples:
+        >>> diverged_advice("bf16")
+        'lower the learning rate (hyp lr0), try --amp off (now bf16), or look for bad labels'
+    """
+    amp_off = f", try --amp off (now {amp})" if amp != "off" else ""
+    return f"lower the learning rate (hyp lr0){amp_off}, or look for bad labels"
+
+
 _OVERFLOWS = ", the GradScaler's fp16 overflows among them: its scale halved at each"
 
 
@@ -127,4 +153,4 @@ def _not_saved(last: Path) -> str:
     )
 
 
-__all__ = ["DIVERGED_ADVICE", "RunSaves", "on_disk"]
+__all__ = ["RunSaves", "diverged_advice", "on_disk"]

@@ -38,9 +38,9 @@ def test_a_non_finite_loss_with_finite_gradients_is_skipped_restored_and_counted
     norm = _window(model, guard, optimizer, float("inf"))
     assert torch.isfinite(norm)  # the case: only the loss says the window is bad
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights)), "the step was taken"
-    assert torch.equal(model[1].running_mean, bn_mean) and guard.counts.tolist() == [1.0, 1.0]
+    assert torch.equal(model[1].running_mean, bn_mean) and guard.counts.tolist() == [1.0, 1.0, 0.0]
     _window(model, guard, optimizer, 0.0)  # a good window after it steps, and ends the run of skips
-    assert not torch.equal(model[0].weight, weights[0]) and guard.counts.tolist() == [1.0, 0.0]
+    assert not torch.equal(model[0].weight, weights[0]) and guard.counts.tolist() == [1.0, 0.0, 0.0]
 
 
 def _overflowing_step(model, scaler) -> TrainStep:
@@ -65,6 +65,7 @@ def test_a_persistent_gradscaler_overflow_is_counted_and_stops_the_run():
         stats = train_one_epoch(step, _Batches(20), 0, torch.device("cpu"), control=control)
     assert stats.stopped and control.reason == "diverged" and control.in_a_row >= 5, (stats, control.in_a_row)
     assert stats.batch == control.skipped == 5  # on the CPU the counts are current: stopped at the fifth skip
+    assert step.guard.counts.tolist() == [5.0, 5.0, 5.0]  # each one the scaler's overflow (the losses were finite)
     assert scaler.get_scale() == 16.0 / 2**5  # the scaler skipped every one of them itself
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
 
@@ -79,5 +80,21 @@ def test_the_gradscaler_steps_finite_gradients_and_counts_nothing():
     weights = [p.detach().clone() for p in model.parameters()]
     with StepControl(nonfinite_limit=5) as control:
         stats = train_one_epoch(step, _Batches(8), 0, torch.device("cpu"), control=control)
-    assert not stats.stopped and control.skipped == 0 and step.guard.counts.tolist() == [0.0, 0.0]
+    assert not stats.stopped and control.skipped == 0 and step.guard.counts.tolist() == [0.0] * 3
     assert scaler.get_scale() == 16.0 and not torch.equal(model[0].weight, weights[0])
+
+
+@pytest.mark.skipif(AMP != "fp16", reason="this torch has no fp16 autocast on the CPU")
+def test_the_gradscalers_first_overflows_are_counted_but_do_not_make_an_epoch_diverging():
+    """A scale far too high overflows the first steps (the scaler's routine as it finds its scale): those are
+    skipped and counted, as overflows, and an epoch made mostly of them is not called diverging."""
+    torch.manual_seed(0)
+    model = small_model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    step = _overflowing_step(model, scaler)
+    step.compute_loss = lambda pred, targets: ((pred.float() - targets).square().sum(),) * 2
+    with StepControl(nonfinite_limit=25) as control:
+        train_one_epoch(step, _Batches(8), 0, torch.device("cpu"), control=control)
+        stop = control.epoch_end(step)
+    assert control.epoch_skipped == control.epoch_overflows > 4 and control.epoch_steps == 8, control.epoch_skipped
+    assert not control.diverging and not stop and scaler.get_scale() < 2.0**40
