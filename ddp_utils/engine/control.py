@@ -69,7 +69,8 @@ class StepControl:
             steps skipped in a row, or an epoch that was not training (:attr:`diverging`).
         skipped: optimizer steps skipped so far in the run (on any rank), as far as the host knows.
         epoch_skipped: of those, the ones of the epoch that :meth:`epoch_end` ended (exact).
-        epoch_overflows: of those, the GradScaler's fp16 overflows (finite losses; its routine while it finds its
+        overflows: of the skipped steps, the GradScaler's fp16 overflows this process has seen.
+        epoch_overflows: of those, the epoch's (finite losses; its routine while it finds its
             scale).
         epoch_steps: the optimizer steps of that epoch (in this process: a resumed epoch's since the resume).
         in_a_row: of the skipped steps, the latest run of consecutive ones.
@@ -103,7 +104,7 @@ class StepControl:
         self.skipped = self._epoch_start = self._base = int(skipped)
         self.epoch_skipped = self.epoch_overflows = self.epoch_steps = 0
         self.in_a_row = 0
-        self._overflows = self._epoch_overflows_start = self._steps = 0
+        self.overflows = self._epoch_overflows_start = self._steps = 0
         self._asked = False  # the clock asked for a save that has not been made yet
         self._save = False  # a save agreed by every rank, made at the next optimizer step
         self._counts: HostCounts | None = None
@@ -176,8 +177,8 @@ class StepControl:
         agreed = (reduce_tensor(local, op="max") if is_dist_initialized() else local).tolist()
         self._absorb(np.array([agreed[0], 0.0, *agreed[1:]], dtype=np.float32))
         self.epoch_skipped, self._epoch_start = self.skipped - self._epoch_start, self.skipped
-        self.epoch_overflows = self._overflows - self._epoch_overflows_start
-        self._epoch_overflows_start, self.epoch_steps, self._steps = self._overflows, self._steps, 0
+        self.epoch_overflows = self.overflows - self._epoch_overflows_start
+        self._epoch_overflows_start, self.epoch_steps, self._steps = self.overflows, self._steps, 0
         if self.diverging and self.reason is None:
             self.reason = "diverged"
         return self.reason is not None
@@ -234,7 +235,7 @@ class StepControl:
             self.reason = "signal"
         self._save = self._save or bool(flags[_SAVE] > 0)
         self.skipped = max(self.skipped, self._base + int(flags[_SKIPPED]))
-        self._overflows = max(self._overflows, int(flags[_OVERFLOWS]))
+        self.overflows = max(self.overflows, int(flags[_OVERFLOWS]))
         self.in_a_row = int(flags[_IN_A_ROW])
         if self.in_a_row >= self.nonfinite_limit and self.reason is None:
             self.reason = "diverged"

@@ -74,7 +74,7 @@ class RunSaves:
         """The one line of a run that stopped as diverged: why, what last.pt holds, what to do."""
         control, last = self.control, self.checkpoints.last
         if control.in_a_row >= control.nonfinite_limit:
-            overflows = _OVERFLOWS if amp == "fp16" else ""
+            overflows = f", {control.overflows} of them the GradScaler's fp16 overflows" if control.overflows else ""
             why = (
                 f"{control.in_a_row} optimizer steps in a row had non-finite gradients or losses "
                 f"({control.skipped} skipped in all{overflows})"
@@ -121,9 +121,6 @@ def diverged_advice(amp: str) -> str:
     """
     amp_off = f", try --amp off (now {amp})" if amp != "off" else ""
     return f"lower the learning rate (hyp lr0){amp_off}, or look for bad labels"
-
-
-_OVERFLOWS = ", the GradScaler's fp16 overflows among them: its scale halved at each"
 
 
 def on_disk(path: Path) -> str | None:

@@ -9,10 +9,20 @@ import re
 import resource
 import signal
 
+import pytest
 import torch
 
 from ddp_utils.distributed import DistInfo
-from ddp_utils.engine import Checkpointer, EpochStats, ModelEMA, StepControl, TrainState, TrainStep, load_checkpoint
+from ddp_utils.engine import (
+    Checkpointer,
+    EpochStats,
+    ModelEMA,
+    StepControl,
+    TrainingDiverged,
+    TrainState,
+    TrainStep,
+    load_checkpoint,
+)
 from ddp_utils.engine.run import Training
 from ddp_utils.engine.run_saves import RunSaves, on_disk
 from ddp_utils.log import LOGGER
@@ -114,3 +124,17 @@ def test_a_failed_stop_save_without_any_file_says_there_is_nothing_to_resume(tmp
     with lines_logged() as log, files_limited_to(1024), saves.control:
         saves.stop(fit, EpochStats(torch.zeros(3), batch=7))
     assert "none is on disk: nothing to resume from" in log.lines[-1] and "--resume" not in log.lines[-1], log.lines
+
+
+def test_a_persistent_fp16_overflow_stop_names_the_gradscaler_and_amp_off(tmp_path):
+    """The control's counts as a run of 25 GradScaler overflows leaves them (tests/engine/test_guard.py makes them)."""
+    saves, fit = _saves(tmp_path)
+    fit.step.amp = "fp16"
+    control = saves.control
+    control.reason, control.in_a_row, control.skipped, control.overflows = "diverged", 25, 27, 25
+    with saves.control, pytest.raises(TrainingDiverged) as raised:
+        saves.stop(fit, EpochStats(torch.zeros(3), batch=7))
+    message = str(raised.value)
+    assert message.startswith("training diverged at epoch 1, batch 7/12: 25 optimizer steps in a row"), message
+    assert "(27 skipped in all, 25 of them the GradScaler's fp16 overflows)" in message, message
+    assert f"saved {saves.checkpoints.last} in " in message and "try --amp off (now fp16)" in message, message
