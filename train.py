@@ -199,7 +199,7 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo, stop
                 break
             fit.scheduler.step()
             stop = du.any_rank(bool(stopper(epoch, yolo.fitness(metrics))))
-            best = yolo.fitness(metrics) >= fit.state.best_fitness
+            best = engine.is_new_best(yolo.fitness(metrics), fit.state.best_fitness, control.epoch_skipped)
             maps = yolo.class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
             fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps, control.skipped)
             logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.epoch_skipped))

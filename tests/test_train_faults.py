@@ -35,7 +35,10 @@ def data(tmp_path_factory) -> dict[str, Path]:
     files = small_run_data(tmp_path_factory.mktemp("faults"), n_val=48)
     hyp = yaml.safe_load(files["hyp"].read_text())
     (files["hyp"].parent / "hyp_diverging.yaml").write_text(yaml.safe_dump({**hyp, "lr0": 1.0e6}))
-    return {**files, "diverging": files["hyp"].parent / "hyp_diverging.yaml"}
+    # one image per optimizer step: an epoch of 64 steps, long enough for 25 skipped in a row
+    (files["hyp"].parent / "hyp_diverging_long.yaml").write_text(yaml.safe_dump({**hyp, "lr0": 1.0e6, "nbs": 1}))
+    diverging = {name: files["hyp"].parent / f"hyp_{name}.yaml" for name in ("diverging", "diverging_long")}
+    return {**files, **diverging}
 
 
 def args(data: dict[str, Path], project: Path, name: str, *extra: str, hyp: str = "hyp") -> list[str]:
@@ -81,20 +84,43 @@ def test_a_stop_at_an_epochs_end_saves_the_trained_epoch_before_validating_and_r
 
 
 def test_steps_that_stay_non_finite_stop_the_run_in_one_line_with_the_last_finite_state(data, tmp_path):
-    """lr0 1e6 in fp32: before the guard, 582 of last.pt's 586 floating tensors ended non-finite, without a word."""
-    result = run([sys.executable, *args(data, tmp_path, "nan", "--epochs", "30", hyp="diverging")], train_env(), 500)
+    """lr0 1e6 in fp32: before the guard, 582 of last.pt's 586 floating tensors ended non-finite, without a word.
+    Epochs of 64 optimizer steps (batch 1): 25 skipped in a row stop the run inside its first epoch."""
+    cmd = [sys.executable, *args(data, tmp_path, "nan", "--epochs", "30", "--batch-size", "1", hyp="diverging_long")]
+    result = run(cmd, train_env(), 500)
     assert result.returncode == 3, describe([result])
     assert "Traceback" not in result.stderr, describe([result])
     lines = [line for line in result.stderr.splitlines() if "training diverged at epoch" in line]
-    assert len(lines) == 1 and "optimizer steps in a row had non-finite gradients" in lines[0], describe([result])
+    assert len(lines) == 1 and "25 optimizer steps in a row had non-finite gradients" in lines[0], describe([result])
+    assert "training diverged at epoch 1, batch " in lines[0], lines[0]  # inside the epoch, not at its end
     assert "the last finite state" in lines[0] and "lower the learning rate" in lines[0]
     ckpt = load_checkpoint(tmp_path / "nan" / "weights" / "last.pt")
     tensors = [t for key in ("model", "train_model") for t in ckpt[key].values() if t.is_floating_point()]
     tensors += [t for s in ckpt["optimizer"]["state"].values() for t in s.values() if torch.is_tensor(t)]
     assert tensors and all(bool(torch.isfinite(t).all()) for t in tensors)
     assert TrainState.from_checkpoint(ckpt).skipped >= 25
-    rows = results(tmp_path / "nan")
-    assert rows and sum(r["train/skipped_steps"] for r in rows) > 0  # each epoch's skipped steps are recorded
+
+
+def test_an_epoch_that_skips_most_of_its_steps_ends_the_run_as_diverged_with_no_garbage_best(data, tmp_path):
+    """Issue 41: lr0 1e6, --amp off, epochs of 4 optimizer steps. Before, 9 of 12 steps were skipped, the rest left
+    garbage weights (val losses nan), and the run ended "3 epochs done; ... final mAP@0.5 0.000", exit 0, with a
+    best.pt of them. Now: epoch 1 skips 2 of 4 (recorded; mAP 0 after skips is no best), epoch 2 skips 4 of 4:
+    the run stops there, unvalidated, in one line that says so and what to do, exit 3."""
+    extra = ("--epochs", "3", "--batch-size", "16", "--amp", "off", "--noplots")
+    result = run([sys.executable, *args(data, tmp_path, "div", *extra, hyp="diverging")], train_env(), 500)
+    assert result.returncode == 3, describe([result])
+    assert "Traceback" not in result.stderr and "epochs done" not in result.stderr, describe([result])
+    final = result.stderr.strip().splitlines()[-1]
+    assert final.startswith("train.py: error: training diverged at epoch 2, batch 4/4: "), describe([result])
+    assert "4 of the epoch's 4 optimizer steps were skipped" in final and "it is not training" in final, final
+    assert "lower the learning rate (hyp lr0)" in final and "--amp off (now" not in final, final  # it is off
+    rows = results(tmp_path / "div")
+    assert [(r["epoch"], r["train/skipped_steps"]) for r in rows] == [(0.0, 2.0)], rows  # epoch 2: not validated
+    assert "epoch 1/3: " in result.stderr and "2 optimizer step(s) skipped" in result.stderr
+    weights = tmp_path / "div" / "weights"
+    assert not (weights / "best.pt").exists(), "a diverging epoch's state was kept as the best"
+    state = TrainState.from_checkpoint(load_checkpoint(weights / "last.pt"))
+    assert (state.epoch, state.batch, state.skipped) == (1, 4, 6), state  # where it stopped, to the batch
 
 
 @pytest.mark.multiprocess

@@ -20,7 +20,8 @@ What lives where:
   while it trains (results.csv, trackers, early stopping, checkpoints, the stall watchdog, its StepControl).
 - ``control.py``: :class:`StepControl`, per step go on / save / stop, the same on every rank (signals, the save
   clock, non-finite steps); ``guard.py``: :class:`NonFiniteGuard` (a non-finite step skipped on the device).
-- ``early_stop.py``: :class:`EarlyStopping`; ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> a flag).
+- ``early_stop.py``: :class:`EarlyStopping`, :func:`is_new_best` (never a diverging epoch's state);
+  ``signals.py``: :class:`PreemptionHandler` (SIGTERM -> a flag).
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
 - ``amp.py``: :func:`train_mode`, how a run computes (fp16/bf16/fp32 autocast, channels_last), the CPU's by its
@@ -55,7 +56,7 @@ from .checkpoint import (
     to_plain,
 )
 from .control import Action, StepControl
-from .early_stop import EarlyStopping
+from .early_stop import EarlyStopping, is_new_best
 from .ema import ModelEMA
 from .guard import NonFiniteGuard, TrainingDiverged
 from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
@@ -109,6 +110,7 @@ __all__ = [
     "CheckpointWriteError",
     "DamagedCheckpointError",
     "EarlyStopping",
+    "is_new_best",
     "ModelEMA",
     "OptionError",
     "PreemptionHandler",

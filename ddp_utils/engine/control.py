@@ -30,11 +30,11 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import all_reduce, any_rank, is_dist_initialized, reduce_tensor
-from .guard import IN_A_ROW, SKIPPED, HostCounts
+from .guard import IN_A_ROW, OVERFLOWS, SKIPPED, HostCounts
 from .signals import PreemptionHandler
 
-NONFINITE_LIMIT = 25  # optimizer steps in a row with non-finite gradients that stop a run (fp16 overflows excepted)
-_STOP, _SAVE, _SKIPPED, _IN_A_ROW = range(4)  # the flags' places in the per-step all-reduce
+NONFINITE_LIMIT = 25  # optimizer steps skipped in a row that stop a run (fp16 overflows too: the scale halved 25 times)
+_STOP, _SAVE, _SKIPPED, _IN_A_ROW, _OVERFLOWS = range(5)  # the flags' places in the per-step all-reduce
 
 
 class Action(enum.Enum):
@@ -65,10 +65,15 @@ class StepControl:
         clock: seconds, monotonic (tests pass a fake one; the default is the real clock).
 
     Attributes:
-        reason: why the run stops: ``"signal"`` or ``"diverged"`` (None while it goes on).
+        reason: why the run stops: ``"signal"`` or ``"diverged"`` (None while it goes on): ``nonfinite_limit``
+            steps skipped in a row, or an epoch that was not training (:attr:`diverging`).
         skipped: optimizer steps skipped so far in the run (on any rank), as far as the host knows.
         epoch_skipped: of those, the ones of the epoch that :meth:`epoch_end` ended (exact).
-        in_a_row: of those, the latest run of consecutive ones.
+        overflows: of the skipped steps, the GradScaler's fp16 overflows this process has seen.
+        epoch_overflows: of those, the epoch's (finite losses; its routine while it finds its
+            scale).
+        epoch_steps: the optimizer steps of that epoch (in this process: a resumed epoch's since the resume).
+        in_a_row: of the skipped steps, the latest run of consecutive ones.
 
     Examples:
         >>> with StepControl(save_interval=0.0) as control:
@@ -97,8 +102,9 @@ class StepControl:
         self.last_saved = clock()
         self.reason: str | None = None
         self.skipped = self._epoch_start = self._base = int(skipped)
-        self.epoch_skipped = 0
+        self.epoch_skipped = self.epoch_overflows = self.epoch_steps = 0
         self.in_a_row = 0
+        self.overflows = self._epoch_overflows_start = self._steps = 0
         self._asked = False  # the clock asked for a save that has not been made yet
         self._save = False  # a save agreed by every rank, made at the next optimizer step
         self._counts: HostCounts | None = None
@@ -132,13 +138,14 @@ class StepControl:
         """
         if self.watchdog is not None:
             self.watchdog.progress("train")
+        self._steps += bool(boundary)
         counts = self._host_counts(step)
-        flags = np.zeros(4, dtype=np.float32)
+        flags = np.zeros(5, dtype=np.float32)
         flags[_STOP] = self.preemption.requested()
         flags[_SAVE] = self._clock_asks()
         if counts is not None:
             counts.refresh()
-            flags[_SKIPPED], flags[_IN_A_ROW] = counts.values[SKIPPED], counts.values[IN_A_ROW]
+            flags[[_SKIPPED, _IN_A_ROW, _OVERFLOWS]] = counts.values[[SKIPPED, IN_A_ROW, OVERFLOWS]]
         self._absorb(self._exchange(flags))
         if self.reason is not None and (boundary or last):  # at the epoch's end the window may be open: it stays
             return Action.STOP
@@ -157,19 +164,39 @@ class StepControl:
 
         A signal that arrived during the last step is seen here, before validation, so the trained epoch is
         saved at once instead of after a validation the launcher's grace time may not cover. The skipped-step
-        counts are read exactly (one wait for the device per epoch).
+        counts are read exactly (one wait for the device per epoch). An epoch that was not training
+        (:attr:`diverging`) stops the run as diverged, before it is validated.
 
         Returns:
             True when the run stops (:attr:`reason` says why).
         """
         self._absorb(self._settle())
         counts = self._host_counts(step)
-        values = counts.exact() if counts is not None else np.zeros(2, dtype=np.float32)
-        local = torch.tensor([float(self.preemption.requested()), float(values[SKIPPED]), float(values[IN_A_ROW])])
-        agreed = reduce_tensor(local, op="max") if is_dist_initialized() else local
-        self._absorb(np.array([agreed[0].item(), 0.0, agreed[1].item(), agreed[2].item()], dtype=np.float32))
+        values = counts.exact() if counts is not None else np.zeros(3, dtype=np.float32)
+        local = torch.tensor([float(self.preemption.requested()), *map(float, values[[SKIPPED, IN_A_ROW, OVERFLOWS]])])
+        agreed = (reduce_tensor(local, op="max") if is_dist_initialized() else local).tolist()
+        self._absorb(np.array([agreed[0], 0.0, *agreed[1:]], dtype=np.float32))
         self.epoch_skipped, self._epoch_start = self.skipped - self._epoch_start, self.skipped
+        self.epoch_overflows = self.overflows - self._epoch_overflows_start
+        self._epoch_overflows_start, self.epoch_steps, self._steps = self.overflows, self._steps, 0
+        if self.diverging and self.reason is None:
+            self.reason = "diverged"
         return self.reason is not None
+
+    @property
+    def diverging(self) -> bool:
+        """Whether the epoch :meth:`epoch_end` ended was not training: more than half of its optimizer steps were
+        skipped for a non-finite loss or gradients (the GradScaler's overflows, its routine, not counted: a
+        persistent one reaches ``nonfinite_limit`` in a row instead).
+
+        Examples:
+            >>> control = StepControl()
+            >>> control.epoch_steps, control.epoch_skipped = 4, 3  # 3 of the epoch's 4 steps skipped
+            >>> control.diverging
+            True
+        """
+        faults = self.epoch_skipped - self.epoch_overflows
+        return self.epoch_steps > 0 and 2 * faults > self.epoch_steps
 
     def stop_requested(self) -> bool:
         """Whether this process received a stop signal (no collective: for cutting a stretch like validation short)."""
@@ -208,6 +235,7 @@ class StepControl:
             self.reason = "signal"
         self._save = self._save or bool(flags[_SAVE] > 0)
         self.skipped = max(self.skipped, self._base + int(flags[_SKIPPED]))
+        self.overflows = max(self.overflows, int(flags[_OVERFLOWS]))
         self.in_a_row = int(flags[_IN_A_ROW])
         if self.in_a_row >= self.nonfinite_limit and self.reason is None:
             self.reason = "diverged"

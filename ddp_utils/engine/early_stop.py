@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,30 @@ class EarlyStopping:
                 "Change the patience with --patience (0 never stops)."
             )
         return stop
+
+
+def is_new_best(fitness: Any, best_fitness: float, skipped: int = 0) -> bool:
+    """Whether an epoch's ``fitness`` makes it the best so far: its weights go to best.pt.
+
+    A fitness equal to the best counts, as YOLOv5's ``>=``. A non-finite fitness never does, nor
+    none above 0 from an epoch that skipped optimizer steps as non-finite: that is a diverging
+    run's state (NaN or zero metrics over garbage weights), not a model anyone wants.
+
+    Args:
+        fitness: the epoch's fitness (one number or YOLOv5's one-element array).
+        best_fitness: the best so far.
+        skipped: the epoch's optimizer steps skipped as non-finite.
+
+    Examples:
+        >>> is_new_best(0.0, 0.0), is_new_best(0.0, 0.0, skipped=2), is_new_best(float("nan"), 0.0)
+        (True, False, False)
+        >>> is_new_best(0.31, 0.3, skipped=1)
+        True
+    """
+    value = _as_float(fitness)
+    if not math.isfinite(value) or (skipped and value <= 0):
+        return False
+    return value >= best_fitness
 
 
 def _as_float(fitness: Any) -> float:

@@ -3,20 +3,25 @@
 A loss or gradient that turns non-finite (an exploding learning rate, a bad sample, fp32 or bf16
 runs without a GradScaler to catch it) would go into the weights, the EMA and BatchNorm's running
 statistics, and the run would train on NaN to its end. :class:`NonFiniteGuard` decides per
-optimizer step, on the device, from the gradients' total norm (the same number on every rank: the
-gradients are all-reduced before it is taken), so nothing waits for the host:
+optimizer step, on the device, from one flag: a loss of the accumulation window, or the gradients'
+total norm (the same number on every rank: the gradients are all-reduced before it is taken), is not
+finite. Nothing waits for the host, and the flag decides all of:
 
 - the optimizer step is skipped: a fused optimizer takes the decision as its ``found_inf`` tensor
-  (the mechanism GradScaler uses), fp16 runs leave it to their GradScaler, which skips such steps
-  itself; a non-fused optimizer (the CPU's default) reads the flag back, a wait only a GPU would feel;
+  (the mechanism GradScaler uses); a non-fused optimizer (the CPU's default) reads the flag back, a
+  wait only a GPU would feel. Under fp16 the GradScaler unscales first and updates its scale after, so
+  its overflows (non-finite unscaled gradients) are skipped by the same flag;
 - BatchNorm's running statistics, which a forward pass over non-finite activations has already
   spoiled, go back to their values before the accumulation window: they live in one flat tensor
   (each layer's buffers are views into it), saved by one copy and put back by one ``where``;
 - the EMA is then updated towards weights that did not change, so nothing non-finite reaches it.
 
-The guard counts skipped steps (in all, and in a row) in a device tensor, :attr:`NonFiniteGuard.counts`;
-the run's control (:mod:`ddp_utils.engine.control`) reads them on the host a step or two later,
-without a wait, and stops the run when the steps in a row reach its limit.
+- the step is counted: the guard counts skipped steps (in all, and in a row; the GradScaler's overflows
+  too) in a device tensor, :attr:`NonFiniteGuard.counts`.
+
+The run's control (:mod:`ddp_utils.engine.control`) reads the counts on the host a step or two later,
+without a wait, and stops the run when the steps in a row reach its limit: a persistent fp16 overflow
+(the scale halving at every step) stops it as any other divergence does.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..distributed.parallel import de_parallel
 
-SKIPPED, IN_A_ROW = 0, 1  # the indices of NonFiniteGuard.counts
+SKIPPED, IN_A_ROW, OVERFLOWS = 0, 1, 2  # the indices of NonFiniteGuard.counts
 
 
 class TrainingDiverged(RuntimeError):
@@ -94,7 +99,7 @@ def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class NonFiniteGuard:
-    """Skip optimizer steps whose gradients are not finite, on the device, and count them.
+    """Skip optimizer steps whose loss or gradients are not finite, on the device, and count them.
 
     Call :meth:`before_forward` before each forward, :meth:`check_loss` after it, and
     :meth:`optimizer_step` in place of the optimizer (and scaler) step that ends an accumulation window.
@@ -102,12 +107,11 @@ class NonFiniteGuard:
     Args:
         model: the model being trained (wrappers are looked through; build the guard after them).
         device: where the counts live.
-        fp16: the run scales its loss with a GradScaler: overflowing fp16 gradients are then the
-            scaler's routine (it skips the step and lowers its scale), and only a non-finite loss
-            counts as a fault.
 
     Attributes:
-        counts: a float tensor on ``device``: ``[steps skipped in all, steps skipped in a row]``.
+        counts: a float tensor on ``device``: ``[steps skipped in all, steps skipped in a row, of all those the
+            GradScaler's overflows]`` (an overflow: finite losses, gradients that overflowed fp16; the scaler's
+            routine while it lowers its scale to fit, a fault when it goes on).
 
     Examples:
         >>> model = nn.Linear(2, 1)
@@ -117,13 +121,12 @@ class NonFiniteGuard:
         >>> guard.before_forward(); loss = model(torch.ones(1, 2)).sum() * float("inf"); guard.check_loss(loss)
         >>> loss.backward(); guard.optimizer_step(optimizer, None, torch.tensor(float("nan")))
         >>> torch.equal(model.weight, before), guard.counts.tolist()
-        (True, [1.0, 1.0])
+        (True, [1.0, 1.0, 0.0])
     """
 
-    def __init__(self, model: nn.Module, device: torch.device, fp16: bool = False) -> None:
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
         self.stats = FlatBatchNormStats(model)
-        self.fp16 = fp16
-        self.counts = torch.zeros(2, device=device)
+        self.counts = torch.zeros(3, device=device)
         self._loss_ok: torch.Tensor | None = None  # None: no accumulation window open
 
     def before_forward(self) -> None:
@@ -137,26 +140,44 @@ class NonFiniteGuard:
         self._loss_ok = self._loss_ok & torch.isfinite(loss.detach()).all()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any, total_norm: torch.Tensor) -> None:
-        """The optimizer (and scaler) step, skipped when ``total_norm`` is not finite; BatchNorm's statistics
-        restored when a loss of the window was not finite; the counts updated."""
+        """The optimizer step, and the scaler's update, deciding from one flag on the device.
+
+        A window is bad when one of its losses or the gradients' ``total_norm`` (taken after
+        ``scaler.unscale_``: an fp16 overflow makes it non-finite, as it makes the scaler skip) is not finite.
+        A bad window's step is skipped, BatchNorm's statistics go back to their values before it, and it is
+        counted; all three from the same flag. A GradScaler's own skip (an fp16 overflow, its scale halving)
+        so counts as well: a persistent overflow reaches the run's limit of skips in a row like any other.
+        """
         grads_ok = torch.isfinite(total_norm)
         loss_ok = self._loss_ok if self._loss_ok is not None else torch.ones_like(grads_ok)
-        if scaler is not None and scaler.is_enabled():
-            scaler.step(optimizer)  # skips a step with non-finite gradients itself (on the device when fused)
+        ok = grads_ok & loss_ok
+        _step_unless(optimizer, ok)
+        scaled = scaler is not None and scaler.is_enabled()
+        if scaled:  # halves its scale when unscale_ found non-finite gradients
             scaler.update()
-        elif _is_fused(optimizer):  # the decision as GradScaler hands it over: a device tensor, no host read
-            optimizer.grad_scale, optimizer.found_inf = None, (~grads_ok).float()
-            try:
-                optimizer.step()
-            finally:
-                del optimizer.grad_scale, optimizer.found_inf
-        elif bool(grads_ok):  # CPU-GPU sync point for a non-fused optimizer (on the CPU, the default: free)
-            optimizer.step()
-        self.stats.restore_unless(loss_ok & grads_ok if not self.fp16 else loss_ok)
-        bad = (~loss_ok if self.fp16 else ~(grads_ok & loss_ok)).float()
+        self.stats.restore_unless(ok)
+        bad = (~ok).float()
         self.counts[SKIPPED] += bad
         self.counts[IN_A_ROW] = (self.counts[IN_A_ROW] + bad) * bad
+        if scaled:
+            self.counts[OVERFLOWS] += (loss_ok & ~grads_ok).float()
         self._loss_ok = None
+
+
+def _step_unless(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
+    """``optimizer.step()`` unless ``ok`` (a bool tensor) is False; the gradients are unscaled already.
+
+    A fused optimizer takes the decision as GradScaler hands it over, its ``found_inf`` tensor: nothing is read
+    back. A non-fused one reads the flag (GradScaler's ``step`` reads its own the same way).
+    """
+    if _is_fused(optimizer):
+        optimizer.grad_scale, optimizer.found_inf = None, (~ok).float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+    elif bool(ok):  # CPU-GPU sync point for a non-fused optimizer (on the CPU, the default: free)
+        optimizer.step()
 
 
 class HostCounts:

@@ -77,7 +77,7 @@ class TrainStep:
     def __post_init__(self) -> None:
         if self.guard_nonfinite:
             device = next(self.model.parameters()).device
-            self.guard = NonFiniteGuard(self.model, device, fp16=self.amp == "fp16")
+            self.guard = NonFiniteGuard(self.model, device)
 
     def prepare(self, imgs: torch.Tensor, device: torch.device) -> torch.Tensor:
         """A batch as floats in [0, 1] on ``device`` (channels_last when asked).

@@ -3,16 +3,21 @@
 - :meth:`RunSaves.save`: ``last.pt`` (``best.pt``, ``epochN.pt`` when due) of where training stands; at a batch of
   the epoch when given the epoch's stats so far (the ranks' running losses are gathered: a collective);
 - :meth:`RunSaves.periodic`: the mid-epoch save the run's :class:`~ddp_utils.engine.control.StepControl`
-  agreed on, and its log line;
+  agreed on; its line ("saved ... at epoch E, batch B/N") comes from the writer once the file is whole on disk,
+  never before (a write that fails says so instead, and no "saved");
 - :meth:`RunSaves.stop`: the stop's save, waited for until it is on disk, then one line saying where training
-  stopped, how long the write took and how to continue; steps that stayed non-finite raise
+  stopped, how long the write took and how to continue; when that write failed, where ``--resume`` will really
+  continue: the state of the file on disk. Steps that stayed non-finite raise
   :class:`~ddp_utils.engine.guard.TrainingDiverged` instead; a requeue signal requeues the SLURM job.
 """
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..distributed import DistInfo
 from ..log import LOGGER
@@ -53,45 +58,107 @@ class RunSaves:
     def _saving(self) -> contextlib.AbstractContextManager:
         return self.watchdog.phase("save", SAVE_PHASE_S) if self.watchdog is not None else contextlib.nullcontext()
 
-    def save(self, fit: Training, stats: Any = None, best: bool = False) -> TrainState:
-        """Every rank: last.pt of ``fit``'s state, at ``stats``' batch when given; returns the state saved."""
+    def save(self, fit: Training, stats: Any = None, best: bool = False, say: bool = False) -> TrainState:
+        """Every rank: last.pt of ``fit``'s state, at ``stats``' batch when given; returns the state saved.
+
+        With ``say``, rank 0 logs ``saved <last.pt> at <where> (...)`` once the file is whole on disk.
+        """
         state = fit.state_at(stats, self.info.world_size, self.control.skipped)
         if self.info.is_main:
+            last, where = self.checkpoints.last, state.where()
+
+            def landed(held: float, took: float) -> None:  # in the writer's thread, once the file is on disk
+                LOGGER.info(f"saved {last} at {where} (training waited {held:.2f} s, written in {took:.1f} s)")
+
             with self._saving():  # the snapshot (and the write, unless in the background)
-                self.checkpoints.save(state, fit.step, best=best)
+                self.checkpoints.save(state, fit.step, best=best, landed=landed if say else None)
         self.control.saved()
         return state
 
     def periodic(self, fit: Training, stats: Any) -> None:
-        """Every rank: the mid-epoch save agreed on (written in the background while training goes on)."""
-        state = self.save(fit, stats)
-        held = self.checkpoints.blocked_seconds
-        LOGGER.info(f"saved {self.checkpoints.last} at {state.where()} (training waited {held:.2f} s)")
+        """Every rank: the mid-epoch save agreed on (written in the background while training goes on); its line
+        comes once the file is on disk."""
+        self.save(fit, stats, say=True)
+
+    def _diverged(self, state: TrainState, amp: str, written: bool, took: float) -> str:
+        """The one line of a run that stopped as diverged: why, what last.pt holds, what to do."""
+        control, last = self.control, self.checkpoints.last
+        if control.in_a_row >= control.nonfinite_limit:
+            overflows = f", {control.overflows} of them the GradScaler's fp16 overflows" if control.overflows else ""
+            why = (
+                f"{control.in_a_row} optimizer steps in a row had non-finite gradients or losses "
+                f"({control.skipped} skipped in all{overflows})"
+            )
+            holds = "the last finite state"
+        else:
+            faults = control.epoch_skipped - control.epoch_overflows
+            why = (
+                f"{faults} of the epoch's {control.epoch_steps} optimizer steps were skipped (non-finite gradients "
+                "or losses): it is not training (the epoch was not validated; best.pt, if any, is an earlier one's)"
+            )
+            holds = "where it stopped"
+        saved = f"saved {last} in {took:.1f} s, {holds}" if written else _not_saved(last)
+        return f"training diverged at {state.where()}: {why}; {saved}; {diverged_advice(amp)}"
 
     def stop(self, fit: Training, stats: Any = None) -> None:
         """Every rank, when the control stopped the run: save where it stands (at ``stats``' batch when the epoch
         was not validated), wait until the file is on disk, and say so.
 
         Raises:
-            TrainingDiverged: the run stopped because its steps stayed non-finite (last.pt: the last finite state).
+            TrainingDiverged: the run stopped because its steps stayed non-finite, or an epoch skipped most of them
+                (:attr:`~ddp_utils.engine.control.StepControl.diverging`); the message says what last.pt holds.
         """
         state = self.save(fit, stats) if stats is not None else fit.state
         with self._saving():
             written, last = self.checkpoints.wait(), self.checkpoints.last
         took = self.checkpoints.write_seconds
-        saved = f"saved {last} in {took:.1f} s" if written else f"could not save {last} (the warning above says why)"
         control = self.control
         if control.reason == "diverged":
-            raise TrainingDiverged(
-                f"training diverged at {state.where()}: {control.in_a_row} optimizer steps in a row had non-finite "
-                f"gradients ({control.skipped} skipped in all); {saved}, the last finite state; lower the learning "
-                "rate (hyp lr0) or look for bad labels"
-            )
+            raise TrainingDiverged(self._diverged(state, fit.step.amp, written, took))
         if self.info.is_main:
             how = f"; continue with: python train.py --resume {last}" if self.says_resume else ""
-            LOGGER.warning(f"stopped at {state.where()}: {saved}{how}")
+            saved = f"saved {last} in {took:.1f} s{how}" if written else _not_saved(last)
+            LOGGER.warning(f"stopped at {state.where()}: {saved}")
         if control.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
             requeue_job()
 
 
-__all__ = ["RunSaves"]
+def diverged_advice(amp: str) -> str:
+    """What to do about a run that diverged, under ``--amp`` ``amp``.
+
+    Examples:
+        >>> diverged_advice("bf16")
+        'lower the learning rate (hyp lr0), try --amp off (now bf16), or look for bad labels'
+    """
+    amp_off = f", try --amp off (now {amp})" if amp != "off" else ""
+    return f"lower the learning rate (hyp lr0){amp_off}, or look for bad labels"
+
+
+def on_disk(path: Path) -> str | None:
+    """Where the checkpoint at ``path`` stands (``"epoch 2, batch 3/12"``), read from the file; None: no file.
+
+    Only its small values are read: the tensors are memory-mapped, not loaded.
+    """
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # damaged or foreign: --resume would say so itself
+        return f"unreadable ({type(exc).__name__})"
+    return TrainState.from_checkpoint(ckpt).where()
+
+
+def _not_saved(last: Path) -> str:
+    """What a failed stop save leaves: where ``--resume`` really continues, from the file that is on disk."""
+    held = on_disk(last)
+    if held is None:
+        return f"could not save {last} (the warning above says why), and none is on disk: nothing to resume from"
+    if held.startswith("unreadable"):
+        return f"could not save {last} (the warning above says why), and the one on disk is {held}"
+    return (
+        f"could not save {last} (the warning above says why); the {last} on disk is from {held}: "
+        f"python train.py --resume {last} continues from {held}, not from here"
+    )
+
+
+__all__ = ["RunSaves", "diverged_advice", "on_disk"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_utils.engine import Action, StepControl
+from ddp_utils.engine import Action, StepControl, train_one_epoch
 
 from ..multiproc import describe, launch, records
 
@@ -113,7 +113,11 @@ def test_a_non_finite_step_on_one_rank_is_skipped_by_every_rank(fused):
     for record in (rank0, rank1):
         assert record["batches"] == 10 and not record["stopped"] and not record["stop"] and record["reason"] is None
         assert record["skipped"] == 1 and record["finite"] and record["optimizer_steps"] == 10
+        assert record["fused"] is (fused == "1")  # the branch the case names is the one that ran
         assert record["weights"][3] == record["weights"][2] != record["weights"][4]  # step 3 left no trace
+        # BatchNorm's statistics too, on both ranks (rank 0's forward was finite; the step's flag is shared); a
+        # finite step changes them (the positive control: the equality is not there by construction)
+        assert record["bn_means"][3] == record["bn_means"][2] != record["bn_means"][4], record["bn_means"][2:5]
     assert rank0["weights"] == rank1["weights"]  # both ranks skipped it: DDP's weights stay equal
 
 
@@ -151,3 +155,20 @@ def test_in_one_process_the_run_stops_once_the_limit_is_reached():
     assert stats.stopped and stats.batch == 5 and control.reason == "diverged" and control.skipped == 3
     assert torch.equal(model[1].running_mean, bn_before)  # BatchNorm's statistics as before the first bad forward
     assert torch.isfinite(stats.loss).all()  # the skipped steps' losses are not in the running mean
+
+
+@pytest.mark.parametrize(("nan_at", "diverging"), [({0, 2, 4, 6, 7}, True), ({1, 3, 5, 7}, False)])
+def test_an_epoch_that_skipped_most_of_its_steps_stops_the_run_at_its_end(nan_at, diverging):
+    """5 of 8 steps skipped, never 3 in a row: the epoch was not training, the run stops as diverged at its end;
+    4 of 8 (half: the positive control) goes on."""
+    from tests.workers.control_scenarios import _Batches, _step
+    from tests.workers.engine_scenarios import small_model
+
+    torch.manual_seed(0)
+    step = _step(small_model())
+    with StepControl(nonfinite_limit=3) as control:
+        stats = train_one_epoch(step, _Batches(8, nan_at=nan_at), 0, torch.device("cpu"), control=control)
+        stop = control.epoch_end(step)
+    assert not stats.stopped and stats.batch == 8 and control.in_a_row < 3  # the in-a-row rule never fired
+    assert (control.epoch_steps, control.epoch_skipped, control.epoch_overflows) == (8, len(nan_at), 0)
+    assert stop is control.diverging is diverging and control.reason == ("diverged" if diverging else None)

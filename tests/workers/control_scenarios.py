@@ -109,14 +109,15 @@ def nonfinite_on_rank1(steps: str = "10", nan_at: str = "3", limit: str = "4", f
     bad = set(range(int(first), int(steps))) if rest == "" and nan_at.endswith("-") else {int(first)}
     batches = _Batches(int(steps), seed=info.rank, nan_at=bad if info.rank == 1 else set())
     weights: list[list[float]] = []
+    bn_means: list[list[float]] = []  # BatchNorm's running mean after each batch (the guard's restore shows here)
 
     def snapshot(i, *_batch) -> None:
         weights.append([float(p.detach().double().sum()) for p in model.parameters()])
+        bn_means.append(model[1].running_mean.tolist())
 
     with StepControl(nonfinite_limit=int(limit)) as control:
         stats = train_one_epoch(step, batches, 0, torch.device("cpu"), control=control, on_batch=snapshot)
         stop = control.epoch_end(step)
-    bn = model[1]
     finite = all(
         bool(torch.isfinite(t).all())
         for t in [*model.state_dict().values(), *step.ema.ema.state_dict().values()]
@@ -125,6 +126,6 @@ def nonfinite_on_rank1(steps: str = "10", nan_at: str = "3", limit: str = "4", f
     print(json.dumps({
         "rank": info.rank, "batches": stats.batch, "stopped": stats.stopped, "stop": stop, "reason": control.reason,
         "skipped": control.skipped, "in_a_row": control.in_a_row, "weights": weights, "finite": finite,
-        "bn_mean": bn.running_mean.tolist(), "optimizer_steps": step.optimizer_steps,
+        "bn_means": bn_means, "optimizer_steps": step.optimizer_steps, "fused": bool(step.optimizer.defaults["fused"]),
     }))  # fmt: skip
     du.cleanup()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,9 @@ class Checkpointer:
             paths.append(self.weights_dir / f"epoch{epoch}.pt")
         return paths
 
-    def save(self, state: Any, training: Any, *, best: bool = False) -> list[Path]:
+    def save(
+        self, state: Any, training: Any, *, best: bool = False, landed: Callable[[float, float], None] | None = None
+    ) -> list[Path]:
         """Write where training stands to last.pt (and best.pt, epochN.pt when due).
 
         Args:
@@ -79,6 +81,9 @@ class Checkpointer:
                 (its ``ema.ema`` is the checkpoint's ``model``), ``optimizer`` and ``scaler`` (stored when
                 enabled): a :class:`~ddp_utils.engine.TrainStep`.
             best: this epoch is the best so far: also write best.pt.
+            landed: called once the files are whole on disk, with the seconds the caller was held (the snapshot,
+                and a save still being written before it) and the seconds the write took; in the writer's
+                thread with ``background``; never for a save that failed. What says "saved" says it here.
 
         Returns:
             The paths written (or being written, in the background).
@@ -106,11 +111,15 @@ class Checkpointer:
         )
         paths = self.targets(state.epoch - 1, best, periodic=state.batch == 0)
         if self.writer is not None:
-            self.writer.submit(ckpt, paths)
+            self.writer.wait()  # the save before it lands first (files never land out of order): part of the hold
+            held = time.perf_counter() - started
+            self.writer.submit(ckpt, paths, None if landed is None else lambda took: landed(held, took))
         else:
             check_plain(ckpt)
             paths = write_serialised(ckpt, paths)
         self.blocked_seconds = time.perf_counter() - started
+        if self.writer is None and landed is not None:
+            landed(self.blocked_seconds, self.blocked_seconds)
         return paths
 
     def wait(self) -> bool:

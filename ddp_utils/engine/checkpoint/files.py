@@ -233,10 +233,14 @@ class BackgroundWriter:
         self.last_error: CheckpointWriteError | None = None
         self.failures = 0
 
-    def submit(self, ckpt: Mapping[str, Any], paths: Sequence[str | Path]) -> None:
+    def submit(
+        self, ckpt: Mapping[str, Any], paths: Sequence[str | Path], landed: Callable[[float], None] | None = None
+    ) -> None:
         """Write ``ckpt`` (a host snapshot) to ``paths`` in the background, after any save still running.
 
         An earlier save that failed was reported when it failed; this one is written all the same.
+        ``landed`` is called in the writer's thread, with the seconds the write took, once every file is whole
+        on disk (renamed into place and fsynced); never for a save that failed.
 
         Raises:
             TypeError: an entry of ``ckpt`` is not a plain type (checked here, in the caller's thread).
@@ -245,14 +249,16 @@ class BackgroundWriter:
         check_plain(dict(ckpt))
         self._landed = False
         # not a daemon: an interpreter that exits (a stopped run) still finishes the file
-        self._thread = threading.Thread(target=self._write, args=(ckpt, list(paths)), name="checkpoint-writer")
+        self._thread = threading.Thread(target=self._write, args=(ckpt, list(paths), landed), name="checkpoint-writer")
         self._thread.start()
 
-    def _write(self, ckpt: Mapping[str, Any], paths: list[str | Path]) -> None:
+    def _write(self, ckpt: Mapping[str, Any], paths: list[str | Path], landed: Callable[[float], None] | None) -> None:
         start = time.perf_counter()
         try:
             write_serialised(ckpt, paths)
             self._landed = True
+            if landed is not None:
+                landed(time.perf_counter() - start)
         except Exception as exc:  # whatever it is, training goes on and the next save is tried
             if not isinstance(exc, CheckpointWriteError):  # not the disk (those come wrapped): said the same way
                 reason = f"{type(exc).__name__}: {exc}"
