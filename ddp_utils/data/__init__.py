@@ -9,7 +9,8 @@ What lives where:
 - ``headers.py``: image sizes from file headers, without decoding.
 - ``images.py``: read, decode and resize one image; ``image_cache.py``: the image caches (RAM: one
   copy per node; disk: .npy).
-- ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective.
+- ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective;
+  ``geometry.py``: their numbers (the random transform, where tiles and boxes land), without pixels.
 - ``mosaic_batch.py``: a training batch's mosaics made together (the same samples as one by one, faster).
 - ``recipes.py``: a training sample as its draws and labels without pixels (``--augment-on device``);
   ``device_augment.py``: a batch of recipes rendered on the training device (nvJPEG decode, warps, colours).

@@ -186,9 +186,7 @@ class YoloDataset(Dataset):
         self.indices = np.arange(n)
         self.set_batches([range(i, min(i + batch_size, n)) for i in range(0, n, batch_size)])
         self.cache = self._build_cache(normalize_cache(cache), local_rank)
-        # the loader's choice (create_dataloader's augment_on="device"): a batch's samples come as recipes, their
-        # pixels made on the training device (recipes.py, device_augment.py)
-        self.recipes = False
+        self.recipes = False  # create_dataloader(augment_on="device"): __getitems__ plans, the device renders
 
     @property
     def n(self) -> int:
@@ -364,15 +362,10 @@ class YoloDataset(Dataset):
         return SampleKey(*item) if isinstance(item, tuple) else SampleKey(self.epoch, int(item), int(item))
 
     def __getitems__(self, items: Sequence[int | SampleKey | tuple]) -> list[tuple]:
-        """``[self[item] for item in items]``, the DataLoader's fetch of a batch: its mosaics made together.
-
-        With :attr:`recipes` set, each sample's image is its :class:`~ddp_utils.data.recipes.Recipe` instead
-        (:func:`~ddp_utils.data.recipes.plan_sample`: the same draws and labels, no pixels).
-        """
+        """``[self[item] for item in items]``, the DataLoader's fetch of a batch: its mosaics made together; with
+        ``recipes`` set, each image a :class:`~ddp_utils.data.recipes.Recipe` (the same draws and labels, no pixels)."""
         keys = [self._key(item) for item in items]
-        if self.recipes:
-            return [plan_sample(self, key) for key in keys]
-        return mosaic_batch(self, keys)
+        return [plan_sample(self, key) for key in keys] if self.recipes else mosaic_batch(self, keys)
 
     def __getitem__(self, item: int | SampleKey | tuple) -> tuple[torch.Tensor, torch.Tensor, str, Shapes]:
         key = self._key(item)

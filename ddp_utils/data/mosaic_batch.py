@@ -34,8 +34,9 @@ import torch
 from ..boxes import xyxy2xywhn
 from ..hyp import hyp_value
 from ..seed import derive_seed
+from .geometry import box_candidates
 from .images import resized_shape
-from .warp import PAD_COLOR, box_candidates, warp_tiles
+from .warp import PAD_COLOR, warp_tiles
 
 # a YoloDataset and a SampleKey: dataset.py imports this module, not the other way round
 _Dataset = Any

@@ -29,9 +29,9 @@ from ..boxes import xyxy2xywhn
 from ..hyp import hyp_value
 from ..seed import derive_seed
 from .augment import letterbox_geometry
+from .geometry import lands_in, mosaic_labels, mosaic_layout, perspective_labels, perspective_matrix, tile_placement
 from .headers import jpeg_header
 from .images import load_image, resized_shape
-from .warp import lands_in, mosaic_labels, mosaic_layout, perspective_labels, perspective_matrix, tile_placement
 
 _Dataset = Any  # a YoloDataset: dataset.py imports this module, not the other way round
 

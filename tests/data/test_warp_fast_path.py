@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.data import warp
+from ddp_utils.data import geometry, warp
 from ddp_utils.data.dataset import SampleKey, YoloDataset
 from ddp_utils.data.labels import find_images, load_labels
 from ddp_utils.data.synthetic import make_shapes_dataset
@@ -101,7 +101,8 @@ def test_mosaic_fast_path_equals_general_path(monkeypatch, s):
         seed = int(meta.integers(1 << 30))
         out, new = warp.mosaic4(images, labels, s, np.random.default_rng(seed), hyp, sizes, border)
         with monkeypatch.context() as general:
-            general.setattr(warp, "_zoom_and_shift", lambda m: False)
+            general.setattr(warp, "_zoom_and_shift", lambda m: False)  # the warp's route
+            general.setattr(geometry, "_zoom_and_shift", lambda m: False)  # and the boxes'
             ref, ref_labels = warp.mosaic4(images, labels, s, np.random.default_rng(seed), hyp, sizes, border)
         np.testing.assert_array_equal(out, ref, err_msg=f"image of draw {draw}")
         np.testing.assert_array_equal(new, ref_labels, err_msg=f"labels of draw {draw}")
@@ -119,7 +120,7 @@ def test_transform_boxes_fast_path_equals_four_corners(monkeypatch):
         m = np.array([[zoom_x, 0, shift_x], [0, zoom_y, shift_y], [0, 0, 1]])
         out = warp.transform_boxes(boxes, m, 640, 480)
         with monkeypatch.context() as general:
-            general.setattr(warp, "_zoom_and_shift", lambda m: False)
+            general.setattr(geometry, "_zoom_and_shift", lambda m: False)
             ref = warp.transform_boxes(boxes, m, 640, 480)
         assert out.dtype == ref.dtype == np.float32
         np.testing.assert_array_equal(out, ref)
