@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import socket
 import subprocess
@@ -40,6 +39,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
+
 sys.path.insert(0, str(REPO))
 
 import ddp_utils as du  # noqa: E402
@@ -271,7 +273,7 @@ def ddp_loop(opt, data_yaml: Path) -> dict:
         *("--model", opt.model, "--imgsz", str(opt.imgsz), "--batch", str(opt.batch), "--steps", str(opt.steps)),
         *("--warmup", str(opt.warmup), "--workers", str(opt.workers), "--device", opt.device or "0"),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = with_pythonpath()
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("DDP_RESULT ")]
     if done.returncode != 0 or not lines:
