@@ -75,11 +75,11 @@ def test_memory_is_flat_within_two_percent_from_the_second_epoch():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1700)
 def test_cpu_smoke_runs_every_part_and_prints_one_table_and_one_json_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, str(SCRIPT), "--cpu-smoke", "--dir", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=880)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=1650)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert any(line.startswith("| part | steady epoch |") for line in lines)
@@ -93,10 +93,10 @@ def test_cpu_smoke_runs_every_part_and_prints_one_table_and_one_json_line(tmp_pa
     assert default["steady_epoch_s"] > 0 and default["first_epoch_s"] > 0 and default["run_s"] > 0, default
     for name, _ in check.CONFIGS[1:4]:  # the cuDNN modes run on the CPU too (they change nothing there)
         assert "failed" not in rows[name], rows[name]
-    assert rows["YOLOv5 v7.0 train.py"] == {"failed": "skipped: no --yolov5 DIR"}
+    assert rows["YOLOv5 v7.0 train.py"] == {"skipped": "skipped: no --yolov5 DIR"}
     memory = rows["memory"]
     assert len(memory["allocated"]) == 3 and memory["flat"] is True, memory
-    assert memory["val_s_fp32"] > 0 and memory["val_images"] == 4
-    assert rows["cuda_tests"]["counts"], rows["cuda_tests"]
+    assert memory["val_s_fp32"] > 0 and memory["nms_s"] > 0 and memory["val_images"] == 4
+    assert rows["cuda_tests"]["counts"]["collected"] > 0, rows["cuda_tests"]  # the CPU collects them, runs none
     assert rows["gpu_step"]["model_img_s"] > 0 and rows["gpu_step"]["loop_img_s"] > 0
     assert 0 <= rows["default_job"]["map"] <= rows["default_job"]["map50"] <= 1
