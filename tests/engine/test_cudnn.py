@@ -65,6 +65,8 @@ def test_off_the_gpu_or_in_another_mode_nothing_is_done(cudnn_flags):
     assert step.wait_for is None
 
 
+@pytest.mark.slow  # 5-30 s on a shared 2-core host
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("amp, channels_last", [("off", False), ("bf16", True)])
 def test_the_warm_up_convolves_as_the_step_does(amp, channels_last):
     step = make_step(amp, channels_last)
@@ -104,6 +106,8 @@ def train_steps(step: TrainStep, n: int = 3) -> dict:
     return snapshot(step)
 
 
+@pytest.mark.slow  # 5-30 s on a shared 2-core host
+@pytest.mark.timeout(300)
 def test_the_warm_up_touches_nothing_and_the_run_stays_bit_identical():
     plain = train_steps(make_step())
     step = make_step()
@@ -127,3 +131,22 @@ def test_bare_model_unwraps_ddp_and_compile_in_either_order():
     net = torch.nn.Conv2d(1, 1, 1)
     assert bare_model(Wrapper(Wrapper(net, "module"), "_orig_mod")) is net
     assert bare_model(Wrapper(Wrapper(net, "_orig_mod"), "module")) is net and bare_model(net) is net
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_warm_up_tunes_beside_the_caller_and_touches_nothing(cudnn_flags):
+    set_cudnn_tuning("warm")
+    model, optimizer, ema, compute_loss, warmup, _, _ = fresh_run(4, multi_scale=False)
+    model.cuda()
+    to_channels_last(model)
+    ema.ema.cuda()
+    scaler = torch.amp.GradScaler("cuda")
+    step = TrainStep(model, optimizer, scaler, ema, compute_loss, warmup=warmup, amp="fp16", channels_last=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    warm = warm_up_convolutions(step, (2, 3, 64, 64), "cuda", mode="warm")
+    assert warm is not None and step.wait_for == warm.wait
+    warm.wait()
+    assert warm.error is None and warm.seconds > 0
+    assert warm.gradients == sum(p.requires_grad for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
