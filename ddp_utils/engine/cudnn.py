@@ -129,8 +129,13 @@ def warm_up_convolutions(
 
 def run_warm_up(step: Any, shape: tuple[int, ...], device: torch.device, background: bool = False) -> ConvWarmUp:
     """The warm-up of :func:`warm_up_convolutions`, on any device (the CPU tests run it); the step waits for it."""
-    model = copy.deepcopy(bare_model(step.model))  # on the caller's thread: nothing else runs on the model yet
     warm = ConvWarmUp(tuple(shape))
+    try:  # on the caller's thread: nothing else runs on the model yet
+        model = copy.deepcopy(bare_model(step.model))
+    except Exception as exc:  # a module that holds what cannot be copied (a process group): no warm-up
+        warm.error = f"{type(exc).__name__}: {exc}"
+        LOGGER.warning(f"cuDNN warm-up skipped: the model could not be copied ({warm.error}); the first step tunes")
+        return warm
 
     def work() -> None:
         try:

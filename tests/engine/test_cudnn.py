@@ -150,3 +150,17 @@ def test_cuda_warm_up_tunes_beside_the_caller_and_touches_nothing(cudnn_flags):
     assert warm.gradients == sum(p.requires_grad for p in model.parameters())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_model_that_cannot_be_copied_gets_no_warm_up_and_a_warning(caplog):
+    step = make_step()
+
+    class Uncopyable(torch.nn.Module):
+        def __deepcopy__(self, memo):
+            raise TypeError("cannot pickle 'ProcessGroup' object")
+
+    step.model.add_module("group_holder", Uncopyable())
+    warm = run_warm_up(step, (2, 3, 64, 64), CPU, background=True)
+    assert warm.thread is None and step.wait_for is None
+    assert warm.error == "TypeError: cannot pickle 'ProcessGroup' object"
+    assert "cuDNN warm-up skipped: the model could not be copied" in caplog.text
