@@ -93,7 +93,7 @@ def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, 
         # ---- data: the data yaml and hyperparameters (loaders follow the model: they need its stride) ----
         run = start_run(resume.opt if resume else opt, info, device, resume)
         du.init_seeds(du.rank_seed(run.opt.seed, info.rank), deterministic=run.opt.deterministic)
-        du.set_cudnn_mode(run.opt.deterministic)  # from the flag alone: every rank the same, whatever its seed
+        engine.set_cudnn_tuning(run.opt.cudnn_benchmark, run.opt.deterministic, run.opt.cudnn_benchmark_limit)
         # ---- model ----
         run, model, gs = build_model(run, device, info)
         train_loader, val_loader, dataset = build_loaders(run, info, gs, device)
@@ -104,6 +104,8 @@ def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, 
     fit = build_training(run, model, device, info, gs, (train_loader, val_loader, dataset.labels))
     if stopper is not None:  # an evolve trial: judged once its warm-up, as the training has it, ends
         stopper.warmup_epochs = fit.step.warmup.epochs
+    shape = (run.batch_size // info.world_size, 3, run.imgsz, run.imgsz)  # --cudnn-benchmark warm: tune it now,
+    engine.warm_up_convolutions(fit.step, shape, device, mode=run.opt.cudnn_benchmark)  # beside the workers' start
     # ---- epochs, then finish ----
     return train(run, fit, device, info, stopper)
 
@@ -257,6 +259,7 @@ def validate(run: Run, fit: Training, device: torch.device, epoch: int, control,
     ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, control.stop_requested  # a signal cuts it short
     shown = dict(verbose=False, progress=du.is_main_process(), watchdog=watchdog)
     val = watchdog.track(fit.val_loader, "val")
+    shown["half"] = run.amp != "off"  # YOLOv5's half=amp: fp16 autocast on CUDA (the CPU validates in fp32)
     metrics, val_loss = yolo.evaluate(ema, val, loss, device=device, stop=stop, **shown)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
         du.LOGGER.info(yolo.class_table(metrics, run.names, per_class=True if run.opt.verbose else None))

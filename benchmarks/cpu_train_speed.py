@@ -43,6 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import parity  # noqa: E402  (the dataset, the options both trainers share, the timed runs)
+from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
 from parity_record import finished_run_host, ours_epoch_seconds  # noqa: E402
 
 MODES = {  # our extra options per mode
@@ -99,7 +100,7 @@ def run_side(args: argparse.Namespace, inputs: dict[str, Path], cfg: str, mode: 
     if mode == "yolov5":
         result = parity.run_yolov5(run_args, {**inputs, "work": work}, 0)
     else:
-        env = {**parity.thread_env(args.threads), "PYTHONPATH": str(REPO)}
+        env = with_pythonpath(parity.thread_env(args.threads))
         command = [
             sys.executable, str(REPO / "train.py"), "--cfg", cfg, *parity.common_options(run_args, inputs, 0),
             "--progress", "off", "--project", str(work), "--name", "ours", *MODES[mode],

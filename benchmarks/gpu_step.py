@@ -12,7 +12,8 @@
    preemption poll and NCCL (gloo on the CPU) in the loop;
 6. train.py itself as a subprocess (``--train-py``), its epoch lines parsed.
 
-cuDNN runs as train.py sets it (``set_cudnn_mode(False)``: autotuned). Each of (4)-(6) reports its
+cuDNN runs as train.py's ``--cudnn-benchmark`` sets it (default off: heuristics; ``on``: autotuned in the
+untimed warm-up steps). Each of (4)-(6) reports its
 steady state (the epochs after the first). It prints img/s of each, (4) / min((2), (3)), the
 data wait of (4) and (5), and the share of (2) spent outside the model; the last line is
 ``RESULT {json}`` for scripts.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import socket
 import subprocess
@@ -40,12 +40,16 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
+
 sys.path.insert(0, str(REPO))
 
 import ddp_utils as du  # noqa: E402
 from ddp_utils.data import DevicePrefetcher, create_dataloader, load_hyp  # noqa: E402
 from ddp_utils.data.synthetic import DEFAULT_CLASSES, make_shapes_dataset  # noqa: E402
 from ddp_utils.engine import (  # noqa: E402
+    CUDNN_MODES,
     ModelEMA,
     StepControl,
     TrainStep,
@@ -53,6 +57,7 @@ from ddp_utils.engine import (  # noqa: E402
     accumulate_steps,
     lr_lambda,
     resolve_amp,
+    set_cudnn_tuning,
     smart_optimizer,
     train_one_epoch,
     wrap_model,
@@ -80,6 +85,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--modes", nargs="+", default=list(MODES), choices=MODES, help="what to measure")
     add("--train-py", action="store_true", help="also run train.py itself (6)")
     add("--quick", action="store_true", help="CPU, yolov5n at 32 px, batch 2, a few steps: a smoke run")
+    add("--cudnn-benchmark", default="off", choices=CUDNN_MODES, help="as train.py's (warm: as on here)")
     add("--ddp-worker", help=argparse.SUPPRESS)  # the data yaml, in the process torchrun starts for (5)
     opt = parser.parse_args(argv)
     if not opt.quick and opt.device != "cpu" and not torch.cuda.is_available():
@@ -105,7 +111,7 @@ def sync(device: torch.device) -> float:
 
 def build(opt: argparse.Namespace, device: torch.device, hyp: dict, nb: int = 1, distributed: bool = False):
     """The TrainStep as train.py builds it: memory format, fused optimizer, EMA, scaled loss, wrap_model, warm-up."""
-    du.set_cudnn_mode(False)  # train.py without --deterministic
+    set_cudnn_tuning(getattr(opt, "cudnn_benchmark", "off"))  # as train.py without --deterministic
     torch.manual_seed(0)
     model = Model(opt.model, nc=len(DEFAULT_CLASSES)).to(device).train()
     channels_last = use_channels_last(device)
@@ -270,8 +276,9 @@ def ddp_loop(opt, data_yaml: Path) -> dict:
         "--master_port", str(port), str(Path(__file__).resolve()), "--ddp-worker", str(data_yaml),
         *("--model", opt.model, "--imgsz", str(opt.imgsz), "--batch", str(opt.batch), "--steps", str(opt.steps)),
         *("--warmup", str(opt.warmup), "--workers", str(opt.workers), "--device", opt.device or "0"),
+        *("--cudnn-benchmark", opt.cudnn_benchmark),
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = with_pythonpath()
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("DDP_RESULT ")]
     if done.returncode != 0 or not lines:

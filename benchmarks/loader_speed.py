@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
+
 CASES = {  # images, their sides (px), imgsz, batches timed per round
     "mosaic640": dict(n=400, size=(480, 640), imgsz=640, batches=25),
     "tiny64": dict(n=10_000, size=(48, 64), imgsz=64, batches=100),
@@ -89,7 +92,7 @@ class Side:
     """A side's process, started in its interpreter and directory, answering ``go N`` with its timing."""
 
     def __init__(self, name: str, python: str, cwd: Path, setup_file: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env = without_checkout()
         env.setdefault("YOLOV5_CONFIG_DIR", str(setup_file.parent / "yolov5_config"))
         command = [python, str(Path(__file__).resolve()), "--side", name, "--setup", str(setup_file)]
         self.name = name

@@ -64,6 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # this checkout's ddp_utils, not another installed copy
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_env import with_pythonpath, without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 from parity_record import finished_run_host, ours_epoch_seconds, side_keys, yolov5_epoch_seconds  # noqa: E402
 
 NBS = 64  # YOLOv5's train.py: nbs = 64, hard-coded
@@ -217,8 +218,7 @@ def thread_env(threads: int) -> dict[str, str]:
 
 def run_yolov5(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> dict[str, Any]:
     run_dir = inputs["work"] / "yolov5" / f"seed{seed}"
-    env = thread_env(args.threads)
-    env.pop("PYTHONPATH", None)  # YOLOv5 imports its own models/ and utils/ from its checkout
+    env = without_checkout(thread_env(args.threads))  # YOLOv5 imports its own models/ and utils/ from its checkout
     env.update(YOLOV5_CONFIG_DIR=str(inputs["yolov5_config"]), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
     command = [
         args.yolov5_python or sys.executable, "train.py", "--cfg", f"models/{args.cfg}", "--weights", "",
@@ -236,7 +236,7 @@ def run_yolov5(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> 
 
 def run_ours(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> dict[str, Any]:
     run_dir = inputs["work"] / "ours" / f"seed{seed}"
-    env = {**thread_env(args.threads), "PYTHONPATH": str(REPO)}
+    env = with_pythonpath(thread_env(args.threads))
     command = [
         sys.executable, str(REPO / "train.py"), "--cfg", args.cfg, *common_options(args, inputs, seed),
         "--progress", "off", "--project", str(run_dir.parent), "--name", run_dir.name,

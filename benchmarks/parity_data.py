@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 
 def sample_stats(images: list, labels: list, imgsz: int) -> dict:
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = dict(train=train, imgsz=args.imgsz, samples=args.samples, seed=args.seed, hyp=load_hyp(args.hyp))
     setup_file = work / "setup.json"
     setup_file.write_text(json.dumps(setup))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = without_checkout()
     command = [args.yolov5_python or sys.executable, str(Path(__file__).resolve()), "--yolov5-side", str(setup_file)]
     done = subprocess.run(command, cwd=args.yolov5.resolve(), env=env, capture_output=True, text=True)
     if done.returncode != 0:

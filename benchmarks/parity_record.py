@@ -32,6 +32,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -105,7 +108,7 @@ def side_keys(args: argparse.Namespace, regime: str) -> dict[str, dict[str, str]
         commit = subprocess.run(git, cwd=args.yolov5, capture_output=True, text=True).stdout.strip()
         python = args.yolov5_python or sys.executable
         probe = [python, "-c", "import sys, torch; print(sys.version.split()[0], torch.__version__)"]
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env = without_checkout()
         versions = subprocess.run(probe, capture_output=True, text=True, env=env).stdout.split()
         python_version, torch_version = (versions + ["?", "?"])[:2]
         keys["yolov5"] = dict(

@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 NBS = 64  # YOLOv5's train.py hard-codes it; the hyp given to ours says so too
 NUDGE = 1e-7  # about one float32 rounding: the relative change of every initial weight in the noise-floor run
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     work, setup = prepare(args)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = without_checkout()
     env["OMP_NUM_THREADS"] = "1"
     command = [args.yolov5_python or sys.executable, str(Path(__file__).resolve()), "--yolov5-side", str(work)]
     done = subprocess.run(command, cwd=args.yolov5.resolve(), env=env, capture_output=True, text=True)

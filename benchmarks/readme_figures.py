@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
+
 sys.path.insert(0, str(REPO))  # this checkout's ddp_utils, not another installed copy
 
 
@@ -76,7 +79,7 @@ def main_job(workdir: Path, threads: int | None = None) -> dict:
     env.pop("OMP_NUM_THREADS", None)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = with_pythonpath(env)
     log = workdir / "train.log"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]

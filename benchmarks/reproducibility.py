@@ -38,6 +38,8 @@ import torch
 from ddp_utils.engine import load_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 CASES = {
     "rerun": (1, ["--workers", "0"]),
@@ -104,7 +106,7 @@ def train_command(nproc: int, data: Path, project: Path, name: str, args: argpar
 
 def train(nproc, data: Path, project: Path, name: str, args: argparse.Namespace, extra: list[str]) -> dict:
     """Train a case to the end; ``nproc`` a pair (before, after): stopped half-way through epoch 1, then resumed."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS.get(name, 1)), "PYTHONPATH": str(REPO_ROOT)}
+    env = with_pythonpath({**os.environ, "OMP_NUM_THREADS": str(THREADS.get(name, 1))})
     start = time.perf_counter()
     last = project / name / "weights" / "last.pt"
     if isinstance(nproc, tuple):

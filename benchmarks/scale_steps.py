@@ -33,6 +33,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # this checkout's ddp_utils
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
 from reproducibility import data_yaml, relative_norm_difference  # noqa: E402
 
 CASES = {"threads2": (1, 2), "ddp-sync-bn": (2, 1)}  # (processes, threads per process)
@@ -100,7 +101,7 @@ def run(nproc: int, threads: int, out: Path, args: argparse.Namespace, data: Pat
     launcher = [sys.executable] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
         "--master_port", str(29500 + os.getpid() % 1000)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO_ROOT)}
+    env = with_pythonpath({**os.environ, "OMP_NUM_THREADS": str(threads)})
     result = subprocess.run([*launcher, *own], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(f"{out.name} failed:\n{result.stderr[-3000:]}")

@@ -106,7 +106,7 @@ class DevicePrefetcher:
         yield from self._cuda_batches(iter(self.loader))
 
     def _cuda_batches(self, batches: Iterator) -> Iterator[tuple]:
-        side = torch.cuda.Stream(self.device)
+        side = side_stream(self.device)
         compute = torch.cuda.current_stream(self.device)
         upcoming = self._issue(next(batches, None), side)
         while upcoming is not None:
@@ -126,6 +126,24 @@ class DevicePrefetcher:
         images, targets = _pinned(images), _pinned(targets)
         with torch.cuda.stream(side):
             return to_device_batch((images, targets, *rest), self.device, self.channels_last, non_blocking=True)
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device | str) -> torch.cuda.Stream:
+    """The one side stream of ``device`` for the process: every epoch's prefetcher copies on the same stream.
+
+    The caching allocator keeps freed blocks for the stream that allocated them. A new side stream per
+    epoch (torch hands out 32 in turn) would leave the last epoch's batch-sized blocks cached for a stream
+    no one allocates on any more, and the reserved memory would grow by a few batches an epoch (the +1 G an
+    epoch of yolov5s, 640 px, batch 64) until the allocator frees them at an out-of-memory retry.
+    """
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+    return _SIDE_STREAMS[index]
 
 
 def _pinned(value: Any) -> Any:

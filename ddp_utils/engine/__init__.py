@@ -25,7 +25,8 @@ What lives where:
 - ``loggers.py``: the run directory, results.csv, TensorBoard; ``plots.py``: labels, batches, results.
 - ``autobatch.py``: the largest batch that fits a share of the GPU (``--batch-size -1``).
 - ``amp.py``: :func:`train_mode`, how a run computes (fp16/bf16/fp32 autocast, channels_last), the CPU's by its
-  flags; ``memory_format.py``: channels_last where it pays.
+  flags; ``memory_format.py``: channels_last where it pays; ``cudnn.py``: cuDNN's heuristics or autotuning
+  (``--cudnn-benchmark``), and a warm-up that tunes the training shape while the workers start.
 - ``wrap.py``: ``wrap_model`` (SyncBatchNorm, DDP, then compile).
 
 Writers act on the main process only and return at once elsewhere, so every call can run on
@@ -56,6 +57,7 @@ from .checkpoint import (
     to_plain,
 )
 from .control import Action, StepControl
+from .cudnn import CUDNN_MODES, set_cudnn_tuning, warm_up_convolutions
 from .early_stop import EarlyStopping, is_new_best
 from .ema import ModelEMA
 from .guard import NonFiniteGuard, TrainingDiverged
@@ -83,6 +85,9 @@ from .train_state import TrainState
 from .wrap import wrap_model
 
 __all__ = [
+    "CUDNN_MODES",
+    "set_cudnn_tuning",
+    "warm_up_convolutions",
     "AMP_DTYPES",
     "Action",
     "NonFiniteGuard",

@@ -73,6 +73,7 @@ class TrainStep:
     guard_nonfinite: bool = True
     optimizer_steps: int = field(default=0, init=False)
     guard: NonFiniteGuard | None = field(default=None, init=False)
+    wait_for: Callable[[], None] | None = field(default=None, init=False)  # work the first step waits for
 
     def __post_init__(self) -> None:
         if self.guard_nonfinite:
@@ -89,6 +90,9 @@ class TrainStep:
 
     def __call__(self, imgs: torch.Tensor, targets: torch.Tensor, ni: int, epoch: int) -> torch.Tensor:
         """Forward, backward and, when due, the optimizer step; returns the loss items (on the device)."""
+        if self.wait_for is not None:  # a warm-up of the convolutions (engine.cudnn): it times kernels alone
+            self.wait_for()
+            self.wait_for = None
         if self.warmup is not None:
             self.warmup.step(ni, epoch)
         accumulate = self.warmup.accumulate(ni, self.accumulate) if self.warmup is not None else self.accumulate

@@ -30,6 +30,7 @@ from ..log import LOGGER
 from ..progress import PROGRESS_MODES
 from ..yolo.foreign import ForeignCheckpointError
 from .checkpoint import CheckpointError
+from .cudnn import CUDNN_MODES
 from .signals import requeue_signal
 from .trackers import TRACKERS
 
@@ -85,6 +86,14 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     add("--save-interval", type=float, default=30.0, help="minutes between mid-epoch saves of last.pt (0: never)")
     add("--seed", type=int, default=0)
     add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
+    add(
+        "--cudnn-benchmark",
+        default="off",
+        choices=CUDNN_MODES,
+        help="cuDNN: heuristics (off, YOLOv5's), autotune each new shape (on), or tune ahead, beside the workers "
+        "(warm); ddp_utils/engine/cudnn.py",
+    )
+    add("--cudnn-benchmark-limit", type=int, default=None, help="algorithms cuDNN times per convolution (0: all)")
     add("--requeue-signal", help='save, requeue the SLURM job, exit on it (USR1 under SLURM, "none": off)')
     add("--trackers", nargs="+", default=[], choices=TRACKERS, help="also log to MLflow and/or Weights & Biases")
     add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")

@@ -117,7 +117,8 @@ def evaluate(
         max_det: detections kept per image by NMS, and scored by the evaluator (as YOLOv5 scores
             all 300 it keeps; COCO's official protocol stops at 100: pass 100 for that).
         device: where the batches go (the model must already be there); None uses the model's device.
-        half: run in float16 autocast (CUDA only; ignored on the CPU).
+        half: run in float16 autocast (CUDA only; ignored on the CPU, which validates in fp32), as YOLOv5's
+            ``val.run(half=amp)``: train.py passes it when it trains in mixed precision.
         verbose: log the "val: ..." summary line on rank 0 (train.py logs one line per epoch of its own).
         stop: asked before each batch on this rank (no collective: e.g. "a stop signal arrived here"); when
             it answers True the loop ends, the ranks agree at the loss reduction that follows, and every
@@ -155,6 +156,9 @@ def evaluate(
     )
     interrupted = False
     bar = progress_reporter(len(loader), desc="val", mode=None if progress else "off", file=sys.stderr)
+    # cuDNN's autotuning (benchmark) times every algorithm of every convolution once per input shape: rect
+    # batches have a shape each, seen once an epoch, so a tuning pass would cost more than it saves here
+    tuned, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
     try:
         for imgs, targets, paths, shapes in loader:
             if stop is not None and stop():
@@ -177,6 +181,7 @@ def evaluate(
             records.extend(batch_records(detections, targets, tuple(imgs.shape[2:]), paths, shapes))
             bar.update(1)
     finally:
+        torch.backends.cudnn.benchmark = tuned
         bar.close()
         model.train(was_training)
 

@@ -123,3 +123,55 @@ def test_a_model_that_learned_one_batch_detects_it():
     trained = evaluate(model, batch)[0]
     assert model.training
     assert trained["map50"] > 0.4 and trained["map50"] > untrained["map50"] + 0.3, (untrained, trained)
+
+
+class ConvProbe(torch.nn.Module):
+    """A model that records, for each forward, cuDNN's autotuning flag and the dtype its convolution computes in."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.seen = inner, []
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, imgs):
+        self.seen.append((torch.backends.cudnn.benchmark, self.conv(imgs).dtype))
+        return self.inner(imgs)
+
+
+@pytest.mark.parametrize("tuned", [True, False])
+def test_validation_never_autotunes_and_gives_the_flag_back(tuned, monkeypatch):
+    # each rect batch shape would cost a tuning pass of every convolution, for a shape seen once an epoch
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", tuned)
+    images = make_images(4)
+    model, compute_loss = build_stub(images)
+    probe = ConvProbe(model)
+    evaluate(probe, make_batches(images, 2), compute_loss=compute_loss, verbose=False)
+    assert [flag for flag, _ in probe.seen] == [False, False] and torch.backends.cudnn.benchmark is tuned
+    with pytest.raises(ZeroDivisionError):  # given back when validation fails too
+        evaluate(probe, [(1 / 0 for _ in range(1))], verbose=False)
+    assert torch.backends.cudnn.benchmark is tuned
+
+
+def test_half_validation_on_the_cpu_is_the_fp32_one_bit_for_bit():
+    images = make_images(6, jitter=4.0, misses=True)
+    batches = make_batches(images, 3)
+    model, compute_loss = build_stub(images)
+    probe = ConvProbe(model)
+    full, full_loss = evaluate(probe, batches, compute_loss=compute_loss, verbose=False)
+    half, half_loss = evaluate(probe, batches, compute_loss=compute_loss, half=True, verbose=False)
+    assert {dtype for _, dtype in probe.seen} == {torch.float32}
+    assert full == half and full.classes == half.classes and torch.equal(full_loss, half_loss)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_half_validation_computes_in_fp16_and_scores_as_fp32():
+    images = make_images(6, jitter=4.0, misses=True)
+    batches = make_batches(images, 3)
+    model, compute_loss = build_stub(images)
+    probe = ConvProbe(model).cuda()
+    full, full_loss = evaluate(probe, batches, compute_loss=compute_loss, verbose=False)
+    half, half_loss = evaluate(probe, batches, compute_loss=compute_loss, half=True, verbose=False)
+    assert [dtype for _, dtype in probe.seen] == [torch.float32] * 2 + [torch.float16] * 2
+    assert next(probe.parameters()).dtype == torch.float32  # autocast: the EMA's weights stay fp32
+    assert full == pytest.approx(half, abs=1e-3)
+    torch.testing.assert_close(full_loss, half_loss, rtol=1e-2, atol=1e-3)

@@ -163,7 +163,7 @@ class ReferenceLoss(ComputeLoss):
         n_targets = targets.shape[0]
         anchor_index = torch.arange(self.na, device=device, dtype=torch.float32).view(self.na, 1).repeat(1, n_targets)
         per_anchor = torch.cat((targets.float().repeat(self.na, 1, 1), anchor_index[..., None]), 2)
-        offsets_all = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * 0.5
+        offsets_all = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32, device=device) * 0.5
         result = []
         for level, pred in enumerate(preds):
             ny, nx = pred.shape[2], pred.shape[3]
