@@ -46,7 +46,7 @@ from child_env import with_pythonpath  # noqa: E402  (children keep the caller's
 sys.path.insert(0, str(REPO))
 
 import ddp_utils as du  # noqa: E402
-from ddp_utils.data import DevicePrefetcher, create_dataloader, load_hyp  # noqa: E402
+from ddp_utils.data import DevicePrefetcher, augment_place, create_dataloader, load_hyp  # noqa: E402
 from ddp_utils.data.synthetic import DEFAULT_CLASSES, make_shapes_dataset  # noqa: E402
 from ddp_utils.engine import (  # noqa: E402
     CUDNN_MODES,
@@ -86,6 +86,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add("--train-py", action="store_true", help="also run train.py itself (6)")
     add("--quick", action="store_true", help="CPU, yolov5n at 32 px, batch 2, a few steps: a smoke run")
     add("--cudnn-benchmark", default="off", choices=CUDNN_MODES, help="as train.py's (warm: as on here)")
+    add("--augment-on", default="auto", choices=["auto", "workers", "device"], help="as train.py's (auto: the "
+        "device on CUDA)")  # fmt: skip
     add("--ddp-worker", help=argparse.SUPPRESS)  # the data yaml, in the process torchrun starts for (5)
     opt = parser.parse_args(argv)
     if not opt.quick and opt.device != "cpu" and not torch.cuda.is_available():
@@ -206,9 +208,9 @@ def instrumented_parts(step: TrainStep, images, targets, device, repeats: int) -
 
 
 def train_loader(opt, train_dir: Path, hyp, rank: int = -1):
-    loader, _ = create_dataloader(
-        train_dir, opt.imgsz, opt.batch, 32, hyp=hyp, augment=True, workers=opt.workers, shuffle=True, rank=rank
-    )
+    where = augment_place(opt.augment_on, pick_device(opt.device))  # the device path decodes and augments there
+    kwargs = dict(hyp=hyp, augment=True, workers=opt.workers, shuffle=True, rank=rank, augment_on=where)
+    loader, _ = create_dataloader(train_dir, opt.imgsz, opt.batch, 32, **kwargs)
     return loader
 
 
@@ -276,7 +278,7 @@ def ddp_loop(opt, data_yaml: Path) -> dict:
         "--master_port", str(port), str(Path(__file__).resolve()), "--ddp-worker", str(data_yaml),
         *("--model", opt.model, "--imgsz", str(opt.imgsz), "--batch", str(opt.batch), "--steps", str(opt.steps)),
         *("--warmup", str(opt.warmup), "--workers", str(opt.workers), "--device", opt.device or "0"),
-        *("--cudnn-benchmark", opt.cudnn_benchmark),
+        *("--cudnn-benchmark", opt.cudnn_benchmark, "--augment-on", opt.augment_on),
     ]  # fmt: skip
     env = with_pythonpath()
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
@@ -321,6 +323,7 @@ def train_script(opt, data_yaml: Path, n_images: int, workdir: Path) -> dict:
         *("--batch-size", str(opt.batch), "--epochs", str(epochs), "--workers", str(opt.workers)),
         *("--device", "cpu" if opt.device == "cpu" else (opt.device or "0")),
         *("--noval", "--nosave", "--exist-ok", "--project", str(workdir / "runs"), "--name", "gpu_step"),
+        *("--cudnn-benchmark", opt.cudnn_benchmark, "--augment-on", opt.augment_on),
     ]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
