@@ -193,7 +193,7 @@ def lands_in(m: np.ndarray, x0: float, y0: float, x1: float, y1: float, width: i
     """
     if _zoom_and_shift(m):
         sx, tx, sy, ty = m[0, 0], m[0, 2], m[1, 1], m[1, 2]  # a zoom and a shift: the common case, in floats
-        return sx * x1 + tx > 0 and sy * y1 + ty > 0 and sx * x0 + tx < width and sy * y0 + ty < height
+        return bool(sx * x1 + tx > 0 and sy * y1 + ty > 0 and sx * x0 + tx < width and sy * y0 + ty < height)
     corners = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], np.float64) @ m.T
     xy = corners[:, :2] / corners[:, 2:3]
     (left, top), (right, bottom) = xy.min(0), xy.max(0)
