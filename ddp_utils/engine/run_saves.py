@@ -58,6 +58,12 @@ class RunSaves:
         held = self.checkpoints.blocked_seconds
         LOGGER.info(f"saved {self.checkpoints.last} at {state.where()} (training waited {held:.2f} s)")
 
+    def wait(self) -> bool:
+        """Every rank, at the end: wait until rank 0's writes are on disk, bounded as a save (the other ranks wait
+        for rank 0 at the end of the watched work); False when the last write failed."""
+        with self._saving():
+            return self.checkpoints.wait()
+
     def stop(self, fit: Training, stats: Any = None) -> None:
         """Every rank, when the control stopped the run: save where it stands (at ``stats``' batch when the epoch
         was not validated), wait until the file is on disk, and say so.
