@@ -139,7 +139,7 @@ def train_speed(rounds: int, epochs: int, images: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6, help="paired rounds of the bare step")
+    parser.add_argument("--rounds", type=int, default=6, help="paired rounds of the bare step (0: none)")
     parser.add_argument("--steps", type=int, default=3, help="steps timed per mode and round (their median)")
     parser.add_argument("--train-rounds", type=int, default=2, help="paired train.py runs (0: none)")
     parser.add_argument("--train-epochs", type=int, default=2)
@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the record here (JSON)")
     opt = parser.parse_args(argv)
     record = {**cpu_record(), "native_flags_known": list(NATIVE_BF16_FLAGS)}
-    record["step"] = bare_step(opt.rounds, opt.steps)
-    print(json.dumps(record), flush=True)
+    if opt.rounds > 0:
+        record["step"] = bare_step(opt.rounds, opt.steps)
+        print(json.dumps(record), flush=True)
     if opt.train_rounds > 0:
         record["train"] = train_speed(opt.train_rounds, opt.train_epochs, opt.train_images)
     record["load_after"] = os.getloadavg()[0]

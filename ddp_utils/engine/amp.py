@@ -36,7 +36,7 @@ CPU_BF16_BY_DEFAULT = {"amx_bf16": False, "avx512_bf16": False}
 # what --amp bf16 did on train.py against the default mode, per CPU kind, for the log: only what was measured
 BF16_MEASURED = {
     "amx_bf16": "not measured on train.py yet (python benchmarks/cpu_bf16.py there; docs/cpu.md)",
-    "avx512_bf16": "measured no faster than fp32 on train.py on such a CPU without AMX (docs/cpu.md)",
+    "avx512_bf16": "was not reliably faster than fp32 on train.py on such a CPU without AMX (docs/cpu.md)",
 }
 
 
