@@ -214,7 +214,7 @@ def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo, stop
                 break
         if control.reason is not None:  # last.pt of where training stopped, on disk before the process ends
             saves.stop(fit, stats)
-        saves.checkpoints.wait()
+        saves.wait()  # rank 0's writes on disk; the others wait for it at the watchdog's end
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
     stopped = control.reason is not None

@@ -21,6 +21,10 @@ watchdog at its default bound (120 s). First the same job uninterrupted, then on
 - ``truncated``: rank 0 killed in epoch 2 after a periodic save (no restart), its last.pt cut to half; the job
   started again with ``--resume`` says in one line what to do; the benchmark does it, and resumes.
 
+A save is seen in the file on disk (:class:`SavedOnDisk`), not in the log's wording. A fault whose moment never
+comes (the job finished first: a fast host, few epochs) is reported as not injected; a fault that fails the
+benchmark itself is reported as failed: the table is printed whatever one row does.
+
 Columns: how long after the fault the job said so (its first line about it); the optimizer steps trained
 twice (trained before the fault, after the position it resumed from); whether it finished with every epoch in
 results.csv once; the final trained weights against the uninterrupted job's (``equal``: bit for bit; else the
@@ -44,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,14 +60,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils.data import make_shapes_dataset  # noqa: E402
-from ddp_utils.engine import load_checkpoint  # noqa: E402
+from ddp_utils.engine import CheckpointError, TrainState, load_checkpoint  # noqa: E402
 
 FAULTS = ("sigterm", "sigterm-val", "sigkill", "sigstop", "worker-kill", "enospc", "nan", "truncated")
 NB = 8  # batches (= optimizer steps) per epoch: 64 images, 8 per step
 STEP_LINE = re.compile(r"^(\d+)/\d+ .* (\d+)/(\d+) \d+%")  # rank 0's plain progress line after each step
 VAL_LINE = re.compile(r"^val 1/\d+ ")
 RESUMED = re.compile(r"resuming \S+ at epoch (\d+)(?:, batch (\d+)/\d+)?")
-SAVED = re.compile(r"saved \S+ at epoch (\d+), batch (\d+)/\d+")
 USER_LINE = {  # the first line that says what happened, per fault
     "sigterm": re.compile(r"received SIGTERM"),
     "sigterm-val": re.compile(r"received SIGTERM"),
@@ -205,6 +209,44 @@ class At:
             self.act(proc)
 
 
+class SavedOnDisk:
+    """An ``on_line`` that acts once, when ``last`` on disk holds a save from the middle of ``epoch`` (from 1) or a
+    later one: the run's real save points, read from the file itself (written atomically: whole when there),
+    whatever the log says about them. Checked at each output line (rank 0 prints one per step)."""
+
+    def __init__(self, act: Callable[[subprocess.Popen], None], last: Path, epoch: int = 2) -> None:
+        self.act, self.last, self.epoch = act, last, epoch
+        self.at: float | None = None
+        self.reached = (0, 0)  # as At's
+        self.saved = ""  # where the save it acted on stands, as TrainState.where() says
+        self._seen: int | None = None
+
+    def __call__(self, line: str, proc: subprocess.Popen) -> None:
+        if self.at is not None:
+            return
+        step = STEP_LINE.match(line)
+        if step:
+            self.reached = (int(step.group(1)), int(step.group(2)))
+        try:
+            stamp = self.last.stat().st_mtime_ns
+        except OSError:
+            return
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        try:
+            state = TrainState.from_checkpoint(load_checkpoint(self.last))
+        except (CheckpointError, OSError):
+            return
+        if state.epoch + 1 >= self.epoch and state.batch > 0:
+            self.at, self.saved = time.monotonic(), state.where()
+            self.act(proc)
+
+
+def not_injected(name: str, why: str) -> dict:
+    return {"fault": name, "not_injected": why}
+
+
 def steps_lost(reached: tuple[int, int], job: Job, after: float) -> int | None:
     """Optimizer steps trained twice: the position reached before the fault, minus the one a resume continued at."""
     resumed = next((RESUMED.search(line) for t, line in job.lines if t >= after and RESUMED.search(line)), None)
@@ -229,7 +271,10 @@ def weights_against(reference: Path, run_dir: Path) -> str:
     last = run_dir / "weights" / "last.pt"
     if not last.is_file():
         return "no last.pt"
-    b = load_checkpoint(last)["train_model"]
+    try:
+        b = load_checkpoint(last)["train_model"]
+    except CheckpointError as exc:
+        return f"unreadable last.pt ({type(exc).__name__})"
     keys = [k for k, v in a.items() if v.is_floating_point()]
     if all(torch.equal(a[k], b[k]) for k in keys):
         return "equal"
@@ -261,6 +306,8 @@ def fault_sigterm(s: Setup, out: Path, name: str, val: bool) -> dict:
     # in the middle of epoch 2, or while rank 0 validates it (the second validation's first line)
     act = At(signal_job(signal.SIGTERM), pattern=VAL_LINE, occurrence=2) if val else At(signal_job(signal.SIGTERM))
     first = run_job(s.job(out, name), s.env, 600, act)
+    if act.at is None:
+        return not_injected(name, "the job finished before its moment came")
     last = out / name / "weights" / "last.pt"
     second = run_job(s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)]), s.env, 600, lambda *a: None)
     return describe(name, first, second, act.at, act.reached, out / name, s)
@@ -271,6 +318,8 @@ def fault_restart(s: Setup, out: Path, name: str, act: At, timeout: float = 900)
     if getattr(act.act, "pid", None):
         with contextlib.suppress(ProcessLookupError):
             os.kill(act.act.pid, signal.SIGKILL)  # a stopped rank, if torchrun left it
+    if act.at is None:
+        return not_injected(name, f"the job finished before epoch {act.epoch}, batch {act.batch}")
     return describe(name, job, None, act.at, act.reached, out / name, s)
 
 
@@ -282,13 +331,17 @@ def fault_enospc(s: Setup, out: Path, name: str) -> dict:
     filler = mount / "filler"
     state: dict[str, float] = {}
 
+    def fill(proc: subprocess.Popen) -> None:
+        with contextlib.suppress(OSError), open(filler, "wb") as f:  # fill the disk up to the last byte
+            while True:
+                f.write(b"\0" * 2**20)
+
+    saved = SavedOnDisk(fill, mount / name / "weights" / "last.pt")  # after epoch 2's first periodic save
+
     def on_line(line: str, proc: subprocess.Popen) -> None:
-        if "at" not in state and SAVED.search(line) and int(SAVED.search(line).group(1)) == 2:
-            state["at"] = time.monotonic()
-            with contextlib.suppress(OSError), open(filler, "wb") as f:  # fill the disk up to the last byte
-                while True:
-                    f.write(b"\0" * 2**20)
-        elif "at" in state and "freed" not in state and USER_LINE[name].search(line):
+        if saved.at is None:
+            saved(line, proc)
+        elif "freed" not in state and USER_LINE[name].search(line):
             filler.unlink(missing_ok=True)
             state["freed"] = time.monotonic()
 
@@ -297,7 +350,9 @@ def fault_enospc(s: Setup, out: Path, name: str) -> dict:
         shutil.copytree(mount / name, out / name)
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-    return describe(name, job, None, state.get("at"), (0, 0), out / name, s)
+    if saved.at is None:
+        return not_injected(name, "no save of epoch 2 reached the disk before the job finished")
+    return describe(name, job, None, saved.at, (0, 0), out / name, s)
 
 
 def fault_nan(s: Setup, out: Path, name: str) -> dict:
@@ -312,8 +367,12 @@ def fault_nan(s: Setup, out: Path, name: str) -> dict:
 
 def fault_truncated(s: Setup, out: Path, name: str) -> dict:
     last = out / name / "weights" / "last.pt"
-    act = At(signal_rank(0, signal.SIGKILL), pattern=re.compile(r"saved \S+ at epoch 2, batch [4-7]/"))
+    act = SavedOnDisk(signal_rank(0, signal.SIGKILL), last)  # a periodic save of epoch 2 (or later) on disk
     first = run_job(s.job(out, name, restarts=0), s.env, 600, act)
+    if act.at is None:
+        return not_injected(name, "no save from the middle of epoch 2 or later reached the disk before the job ended")
+    if first.returncode == 0:
+        return not_injected(name, f"the job finished before rank 0 was killed (after its save at {act.saved})")
     data = last.read_bytes()
     last.write_bytes(data[: len(data) // 2])  # the storage cut the file short
     at = time.monotonic()
@@ -325,7 +384,7 @@ def fault_truncated(s: Setup, out: Path, name: str) -> dict:
         subprocess.run(["sh", "-c", commands.group(1)], check=True)
     finished = run_job(resume, s.env, 600, lambda *a: None)
     record = describe(name, refused, finished, at, act.reached, out / name, s)
-    record["first_exit"], record["refused_exit"] = first.returncode, refused.returncode
+    record.update(first_exit=first.returncode, refused_exit=refused.returncode, killed_after_save_at=act.saved)
     return record
 
 
@@ -356,13 +415,48 @@ def table(records: list[dict]) -> str:
     rows = ["| fault | detected after (s) | optimizer steps lost | finished, every epoch once | final weights vs "
             "uninterrupted | the line the user saw |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in records:
-        if "skipped" in r:
-            rows.append(f"| {r['fault']} | skipped: {r['skipped']} | | | | |")
-            continue
-        line = r["line"].replace("|", "\\|")
-        rows.append(f"| {r['fault']} | {r['detected_s']} | {r['steps_lost']} | {'yes' if r['finished'] else 'NO'} | "
-                    f"{r['weights']} | `{line}` |")  # fmt: skip
+        for kind in ("skipped", "not_injected", "failed"):
+            if kind in r:
+                rows.append(f"| {r['fault']} | {kind.replace('_', ' ')}: {r[kind]} | | | | |")
+                break
+        else:
+            line = r["line"].replace("|", "\\|")
+            rows.append(f"| {r['fault']} | {r['detected_s']} | {r['steps_lost']} | {'yes' if r['finished'] else 'NO'} "
+                        f"| {r['weights']} | `{line}` |")  # fmt: skip
     return "\n".join(rows)
+
+
+def inject(name: str, s: Setup, out: Path) -> dict:
+    """One fault's job(s), and its record."""
+    if name in ("sigterm", "sigterm-val"):
+        return fault_sigterm(s, out, name, val=name == "sigterm-val")
+    if name == "sigkill":
+        return fault_restart(s, out, name, At(signal_rank(1, signal.SIGKILL), batch=5))
+    if name == "sigstop":
+        return fault_restart(s, out, name, At(signal_rank(1, signal.SIGSTOP), batch=3))
+    if name == "worker-kill":
+        return fault_restart(s, out, name, At(kill_loader_worker, batch=3))
+    if name == "enospc":
+        return fault_enospc(s, out, name)
+    if name == "nan":
+        return fault_nan(s, out, name)
+    return fault_truncated(s, out, name)
+
+
+def run_faults(names: list[str], inject_one: Callable[[str], dict], where: Path) -> list[dict]:
+    """Each fault's record, printed and kept in ``where`` as it comes; one that fails the benchmark itself (an
+    error of its own) is recorded as failed, with the error, and the others still run."""
+    records = []
+    for name in names:
+        try:
+            record = inject_one(name)
+        except Exception as exc:  # one row's failure must not cost the table
+            record = {"fault": name, "failed": f"{type(exc).__name__}: {exc}"}
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+        records.append(record)
+        print(json.dumps(record), flush=True)
+        where.write_text(json.dumps(records, indent=1))
+    return records
 
 
 def main() -> None:
@@ -381,25 +475,7 @@ def main() -> None:
     reference = run_job(s.job(out, "reference"), s.env, 900, lambda *a: None)
     if reference.returncode != 0:
         sys.exit("the uninterrupted job failed:\n" + "\n".join(line for _, line in reference.lines[-30:]))
-    records = []
-    for name in opt.faults:
-        if name in ("sigterm", "sigterm-val"):
-            record = fault_sigterm(s, out, name, val=name == "sigterm-val")
-        elif name == "sigkill":
-            record = fault_restart(s, out, name, At(signal_rank(1, signal.SIGKILL), batch=5))
-        elif name == "sigstop":
-            record = fault_restart(s, out, name, At(signal_rank(1, signal.SIGSTOP), batch=3))
-        elif name == "worker-kill":
-            record = fault_restart(s, out, name, At(kill_loader_worker, batch=3))
-        elif name == "enospc":
-            record = fault_enospc(s, out, name)
-        elif name == "nan":
-            record = fault_nan(s, out, name)
-        else:
-            record = fault_truncated(s, out, name)
-        records.append(record)
-        print(json.dumps(record), flush=True)
-        (root / "faults.json").write_text(json.dumps(records, indent=1))
+    records = run_faults(opt.faults, lambda name: inject(name, s, out), root / "faults.json")
     print(f"\n2 processes (gloo, CPU), yolov5n, {NB} steps an epoch, {opt.epochs} epochs, --save-interval "
           f"{opt.save_interval} min, --max-restarts 3, the watchdog's default bound; runs in {root}\n")  # fmt: skip
     print(table(records))

@@ -58,9 +58,10 @@ from .group import (
     is_main_process,
 )
 from .parallel import de_parallel, is_parallel
+from .stall import DEFAULT_STALL_TIMEOUT_S, STALL_EXIT_CODE, stall_timeout_from_env
 from .store import BoundedStore, StoreLostError, default_store
 from .sync_batchnorm import GroupBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
-from .watchdog import DEFAULT_STALL_TIMEOUT_S, STALL_EXIT_CODE, StallWatchdog, stall_timeout_from_env
+from .watchdog import StallWatchdog
 from .zero_first import (
     HEARTBEAT_S,
     RankFailedError,

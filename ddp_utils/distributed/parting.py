@@ -15,9 +15,10 @@ import sys
 import threading
 import time
 import traceback
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .errors import record_error_for_launcher
+from .stall import STALL_EXIT_CODE, identity_words
 from .store import BoundedStore, StoreLostError
 
 
@@ -87,6 +88,32 @@ def part_in_order(
             link.call(lambda store: store.add(left, 1), timeout=grace)
         else:
             wait_for(left, len([other for other in live if other != 0]))
+
+
+def part_after_verdict(verdict: dict[str, Any], rank: int, main: int, parting: tuple, restart: str) -> NoReturn:
+    """Every live rank, once a ``verdict`` is stored: print the main thread's stack, part in order, exit for a restart.
+
+    Args:
+        verdict: the stored verdict: ``by`` (the decider), ``stalled``, ``lines``, ``live`` and ``who`` (each
+            stalled rank's host, local rank and pid).
+        rank: this rank.
+        main: the main thread's ident.
+        parting: ``(link, verdict_key, grace)`` for :func:`part_in_order`.
+        restart: the decider's last line, saying how the job goes on.
+    """
+    stalled, code = verdict["stalled"], STALL_EXIT_CODE
+    who = {int(other): where for other, where in verdict.get("who", {}).items()}
+    named = ", ".join(f"{other}{identity_words(who.get(other))}" for other in stalled)
+    named = f"rank{'s' if len(stalled) > 1 else ''} {named}"
+    about = "this rank is the one stalled" if rank in stalled else f"{named} stalled"
+    show_main_thread(main, f"stall watchdog: {about}; this rank's main thread is at:", rank)
+    link, verdict_key, grace = parting
+    deciding = verdict["by"] == rank
+    part_in_order(link, rank, verdict_key, deciding, verdict["live"], grace)
+    if deciding:
+        exit_for_restart([*verdict["lines"], restart], " | ".join(verdict["lines"]), code)
+    line = f"[rank {rank}] stall watchdog: stopping: {named} stalled (rank {verdict['by']} says why)"
+    exit_for_restart([line], line, code)
 
 
 def hold_the_exit(code: int, seconds: float) -> None:

@@ -29,8 +29,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .env import DistEnvError
+
+STALL_EXIT_CODE = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run it again (0, 1, 2 = usage are taken)
+DEFAULT_STALL_TIMEOUT_S = 120.0
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
+TIMEOUT_ENV = "DDP_UTILS_STALL_TIMEOUT"
+STARTUP_ENV = "DDP_UTILS_STALL_STARTUP_TIMEOUT"
+_OFF = ("0", "off", "false", "no", "none")
 WAITING_MODULES = (  # a main thread whose innermost frame is here is probably waiting for the others
     "torch.distributed",
     "torch.autograd",
@@ -38,6 +49,36 @@ WAITING_MODULES = (  # a main thread whose innermost frame is here is probably w
     "ddp_utils.distributed.collectives",
     "ddp_utils.distributed.group",
 )
+
+
+def env_seconds(environ: Mapping[str, str], name: str, default: float, may_disable: bool) -> float | None:
+    """Seconds from the variable ``name``: ``default`` when unset; None for "0"/"off" where ``may_disable``."""
+    value = environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = 0.0 if value.lower() in _OFF else float(value)
+    except ValueError:
+        seconds = math.nan
+    if may_disable and seconds == 0:
+        return None
+    if not 0 < seconds < math.inf:
+        off = ", or 0/off to turn the stall watchdog off" if may_disable else ""
+        raise DistEnvError(f"{name}={value!r} is not a number of seconds: give seconds, e.g. {default:.0f}{off}")
+    return seconds
+
+
+def stall_timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
+    """DDP_UTILS_STALL_TIMEOUT in seconds: the default when unset, None when "0" or "off".
+
+    Raises:
+        DistEnvError: a value that is not a positive number of seconds, naming the variable.
+
+    Examples:
+        >>> [stall_timeout_from_env(env) for env in ({}, {TIMEOUT_ENV: "300"}, {TIMEOUT_ENV: "off"})]
+        [120.0, 300.0, None]
+    """
+    return env_seconds(os.environ if environ is None else environ, TIMEOUT_ENV, DEFAULT_STALL_TIMEOUT_S, True)
 
 
 @dataclass(frozen=True)
@@ -54,7 +95,8 @@ class RankView:
         quiet: seconds since its last progress call, whatever phases it entered or left since.
         block: it is inside a ``phase()`` block: a bound of its own, for slow work the others may wait for.
         heartbeat_age: seconds since its reports last changed, on the observer's clock.
-        done: it left its watchdog normally: never blamed.
+        done: it finished its work (left its watchdog without an error): never blamed.
+        left: its watchdog's thread has ended (after an error, or once every rank was done): it reads no verdict.
         started: it has reported at all (a rank that never did is bounded by the startup bound).
         waiting: its main thread is inside torch.distributed or autograd.
         where: its main thread's innermost frame, ``file:line in function``.
@@ -69,6 +111,7 @@ class RankView:
     block: bool = False
     heartbeat_age: float = 0.0
     done: bool = False
+    left: bool = False
     started: bool = True
     waiting: bool = False
     where: str = ""
@@ -172,6 +215,7 @@ class Observer:
                 self.heartbeats[rank], seen_at = (report["beat"], now), now
             age = now - max(seen_at, resumed)
             fields = {k: report[k] for k in ("phase", "step", "bound", "block", "done", "waiting", "where")}
+            fields["left"] = report.get("left", False)
             idle, quiet = report["idle"] + age, report["quiet"] + age
             views.append(RankView(rank, idle=idle, quiet=quiet, heartbeat_age=age, **fields))
         if holding(views):
@@ -191,27 +235,37 @@ class Observer:
         )
 
 
-def blame_lines(stalled: list[RankView], stale: float, left: list[int] | tuple[int, ...] = ()) -> list[str]:
-    """One line per stalled rank, naming it and what its heartbeat says; one more when they tie, and one
-    naming the ranks that ``left`` their watchdog (finished, or failed) while these wait.
+def blame_lines(
+    stalled: list[RankView],
+    stale: float,
+    left: list[int] | tuple[int, ...] = (),
+    who: Mapping[int, Mapping[str, object]] | None = None,
+    finished: list[int] | tuple[int, ...] = (),
+) -> list[str]:
+    """One line per stalled rank, naming it, where it runs (``who``: its host, local rank and pid, as it published
+    them) and what its heartbeat says; one more when they tie, one naming the ranks that ``left`` their watchdog
+    (failed, or an older ddp_utils) while these wait, and one naming the ranks that ``finished`` and wait for them.
 
     Examples:
         >>> frozen = RankView(1, "train", step=37, idle=121.2, bound=120.0, heartbeat_age=118.0)
-        >>> for part in blame_lines([frozen], stale=10.0)[0].split("; "):
+        >>> who = {1: {"host": "node-3", "local_rank": 1, "pid": 4242}}
+        >>> for part in blame_lines([frozen], stale=10.0, who=who)[0].split("; "):
         ...     print(part)
-        rank 1 stalled: no progress for 121 s in phase 'train' (step 37)
+        rank 1 stalled: no progress for 121 s in phase 'train' (step 37) on host node-3 (local rank 1, pid 4242)
         its heartbeat stopped 118 s ago: stopped (SIGSTOP) or hung in the kernel?
     """
+    who = who or {}
     lines = []
     for v in stalled:
+        at = identity_words(who.get(v.rank))
         if not v.started:
             lines.append(
-                f"rank {v.rank} stalled: it never reported to its stall watchdog ({v.idle:.0f} s since this rank "
+                f"rank {v.rank} stalled{at}: it never reported to its stall watchdog ({v.idle:.0f} s since this rank "
                 "started watching): it has not got that far (see its log and stack), or it runs without the watchdog"
             )
             continue
         silent = v.idle if v.quiet is None else max(v.idle, v.quiet)
-        head = f"rank {v.rank} stalled: no progress for {silent:.0f} s in phase '{v.phase}' (step {v.step})"
+        head = f"rank {v.rank} stalled: no progress for {silent:.0f} s in phase '{v.phase}' (step {v.step}){at}"
         if v.heartbeat_age > stale:
             stopped = f"its heartbeat stopped {v.heartbeat_age:.0f} s ago: stopped (SIGSTOP) or hung in the kernel?"
             lines.append(f"{head}; {stopped}")
@@ -227,10 +281,16 @@ def blame_lines(stalled: list[RankView], stale: float, left: list[int] | tuple[i
         )
     if left:
         lines.append(
-            f"rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left the stall watchdog before (finished, "
-            "or failed: see the log); a collective waiting for a rank that left never ends"
+            f"{_ranks(left)} left the stall watchdog before (failed, see the log); a collective waiting for a rank "
+            "that left never ends"
         )
+    if finished:
+        lines.append(f"{_ranks(finished)} finished and waited for {_ranks([v.rank for v in stalled])} to finish")
     return lines
+
+
+def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def is_waiting_frame(module: str) -> bool:
@@ -241,3 +301,17 @@ def is_waiting_frame(module: str) -> bool:
         (True, False)
     """
     return module.startswith(WAITING_MODULES)
+
+
+def identity_words(identity: Mapping[str, object] | None) -> str:
+    """Where a rank runs, in words: " on host H (local rank L, pid P)"; empty when unknown.
+
+    Examples:
+        >>> identity_words({"host": "node-3", "local_rank": 1, "pid": 4242})
+        ' on host node-3 (local rank 1, pid 4242)'
+        >>> identity_words(None)
+        ''
+    """
+    if not identity:
+        return ""
+    return f" on host {identity.get('host')} (local rank {identity.get('local_rank')}, pid {identity.get('pid')})"

@@ -29,16 +29,17 @@ requeue) and it resumes from its last save.
   torchrun the agent), and a call to a stopped host blocks whatever the store's timeout (see
   :mod:`.store`): the thread keeps a private connection and a deadline of its own
   (``store_timeout``); losing the store ends the rank the same way, and says so.
-- **Ending.** The first rank to decide stores its verdict (compare-and-set: exactly one wins); every
-  live rank prints its stack and acknowledges, none leaving before all have; then the decider prints
-  the blame line, the others a one-line "stopping", each leaves its line in torchrun's error file,
-  flushes stdio, ``os._exit`` (a main thread that fails meanwhile, its collective closed, waits for it).
+- **Ending.** The first rank to decide stores its verdict (compare-and-set: exactly one wins), naming
+  the host, local rank and pid each rank published at start; every live rank prints its stack and
+  acknowledges, none leaving before all have; then the decider prints the blame line, the others a
+  "stopping" line, each leaves it in torchrun's error file and ``os._exit`` s (see :mod:`.parting`).
+- **Finishing.** A rank done with its work keeps watching until every rank is done: a rank that
+  stops after the others finished (no collective left to hold them) is still named, and the job ends.
 - **Elastic restarts.** Keys carry the restart count and how many watchdogs this process started.
 
 The default bound, 120 s: detection takes the bound and a second or two; torchrun waits 30 s for a
-SIGSTOPped worker before it SIGKILLs it, then the restart loads the last save. A small CPU run frozen
-after its first epoch so finishes within 5 minutes of the freeze, while a step, a loader restart or
-a save to a slow disk still has two minutes (three times the slowest step when that is longer).
+SIGSTOPped worker before it SIGKILLs it, then the restart loads the last save: a frozen small CPU
+run finishes within 5 minutes of the freeze, while a slow step or save still has two minutes.
 """
 
 from __future__ import annotations
@@ -46,60 +47,37 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
+import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar
 
 from ..log import LOGGER
-from .env import DistEnvError, dist_info
+from .env import dist_info
 from .group import get_rank, get_world_size, is_dist_initialized
-from .parting import exit_for_restart, hold_the_exit, part_in_order, show_main_thread
-from .stall import Observer, RankView, blame_lines, find_stalled, is_waiting_frame
+from .parting import exit_for_restart, hold_the_exit, part_after_verdict, show_main_thread
+from .stall import (
+    DEFAULT_STARTUP_TIMEOUT_S,
+    STALL_EXIT_CODE,
+    STARTUP_ENV,
+    TIMEOUT_ENV,
+    Observer,
+    RankView,
+    blame_lines,
+    env_seconds,
+    find_stalled,
+    is_waiting_frame,
+    stall_timeout_from_env,
+)
 from .store import BoundedStore, StoreLostError, default_store, private_connection, store_address
 
-STALL_EXIT_CODE = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run it again (0, 1, 2 = usage are taken)
-DEFAULT_STALL_TIMEOUT_S = 120.0
-DEFAULT_STARTUP_TIMEOUT_S = 900.0
-TIMEOUT_ENV = "DDP_UTILS_STALL_TIMEOUT"
-STARTUP_ENV = "DDP_UTILS_STALL_STARTUP_TIMEOUT"
 _ADAPTIVE = "adaptive"  # a progress phase's bound: learnt from its intervals
-_OFF = ("0", "off", "false", "no", "none")
 _started = [0]  # watchdogs this process has started: the last part of each one's store keys
 T = TypeVar("T")
-
-
-def _env_seconds(environ: Mapping[str, str], name: str, default: float, may_disable: bool) -> float | None:
-    value = environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        seconds = 0.0 if value.lower() in _OFF else float(value)
-    except ValueError:
-        seconds = math.nan
-    if may_disable and seconds == 0:
-        return None
-    if not 0 < seconds < math.inf:
-        off = ", or 0/off to turn the stall watchdog off" if may_disable else ""
-        raise DistEnvError(f"{name}={value!r} is not a number of seconds: give seconds, e.g. {default:.0f}{off}")
-    return seconds
-
-
-def stall_timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
-    """DDP_UTILS_STALL_TIMEOUT in seconds: the default when unset, None when "0" or "off".
-
-    Raises:
-        DistEnvError: a value that is not a positive number of seconds, naming the variable.
-
-    Examples:
-        >>> [stall_timeout_from_env(env) for env in ({}, {TIMEOUT_ENV: "300"}, {TIMEOUT_ENV: "off"})]
-        [120.0, 300.0, None]
-    """
-    return _env_seconds(os.environ if environ is None else environ, TIMEOUT_ENV, DEFAULT_STALL_TIMEOUT_S, True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +147,7 @@ class StallWatchdog:
         elif timeout < 0:
             raise ValueError(f"timeout={timeout!r}: give the seconds a rank may go without progress, or 0 for off")
         if startup_timeout is None:
-            startup_timeout = _env_seconds(os.environ, STARTUP_ENV, DEFAULT_STARTUP_TIMEOUT_S, False)
+            startup_timeout = env_seconds(os.environ, STARTUP_ENV, DEFAULT_STARTUP_TIMEOUT_S, False)
         if not interval > 0:
             raise ValueError(f"interval={interval!r}: give the seconds between two reports (> 0)")
         self.timeout = float(timeout) if timeout else None
@@ -185,6 +163,8 @@ class StallWatchdog:
         self._enter("start")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._finishing = threading.Event()  # this rank's work is done: it reports so and waits for the others
+        self._wake = threading.Event()
         self._grace = 5.0 + 2 * self.interval  # seconds the ranks wait for each other as they part after a verdict
         self._holding: float | None = None  # once the thread ends the process: how long the main thread waits for it
         self._link: BoundedStore | None = None
@@ -277,12 +257,19 @@ class StallWatchdog:
         _started[0] += 1
         self._verdict_key = f"{namespace}/verdict"
         self._states = [f"{namespace}/state/{rank}" for rank in range(self.world_size)]
+        self._who = [f"{namespace}/who/{rank}" for rank in range(self.world_size)]  # host, local rank, pid
         self._address = store_address(store)
         connect = functools.partial(private_connection, store, self.store_timeout)
         self._link = BoundedStore(connect, self.store_timeout, name="ddp_utils-watchdog-store")
         self._judge_every = min(max(self.interval, self.interval * self.world_size / 64), 10.0)
         self._stale = min(self.timeout / 2, max(5 * self.interval + self._judge_every, 10.0))
-        first = functools.partial(self._exchange, report=self._report(self._mark, time.monotonic(), 0), judging=False)
+        report, local_rank = self._report(self._mark, time.monotonic(), 0), dist_info().local_rank
+        identity = json.dumps({"host": socket.gethostname(), "local_rank": local_rank, "pid": os.getpid()})
+
+        def first(store: Any) -> tuple:
+            store.set(self._who[self.rank], identity)  # for the verdict: which machine and process to open
+            return self._exchange(store, report, judging=False)
+
         try:  # reported before the loop starts: a rank stopped in its first steps is seen stopping, not absent
             self._link.call(first)
         except StoreLostError as exc:
@@ -291,6 +278,7 @@ class StallWatchdog:
             self._link = None
             return self
         self._stop.clear()
+        self._finishing.clear()
         self._thread = threading.Thread(target=self._run, name="ddp_utils-stall-watchdog", daemon=True)
         self._thread.start()
         if self.rank == 0:
@@ -300,10 +288,20 @@ class StallWatchdog:
             )
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        """Done (never blamed): without an error, the thread watches on until every rank is done (see Finishing)."""
         thread, self._thread = self._thread, None
-        if thread is not None:
-            self._stop.set()  # the thread reports this rank done: its peers never blame it
+        if thread is None:
+            return
+        try:
+            if exc_type is None:
+                self._finishing.set()
+                self._wake.set()
+                while thread.is_alive():  # it ends once every rank is done; a verdict ends the process
+                    thread.join(timeout=1.0)
+        finally:
+            self._stop.set()
+            self._wake.set()
             thread.join(timeout=self._holding or self.interval + 5.0)
 
     # ---- the thread's side ------------------------------------------------------------------
@@ -318,15 +316,22 @@ class StallWatchdog:
     def _watch(self) -> None:
         self._resumed = last = judge_at = time.monotonic()
         self._observer = Observer(self.startup_timeout, self._stale, self._resumed)
-        previous, beat = self._mark, 0
-        while not self._stop.wait(self.interval):
+        previous, beat, finishing = self._mark, 0, False
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             now = time.monotonic()
+            if self._finishing.is_set() and not finishing:
+                finishing, judge_at = True, now  # judged at once: the last rank to finish leaves without a wait
             if now - last > self.interval + max(10.0, 5 * self.interval):
                 self._resumed = now  # this process stood still (the job stopped, a SLURM suspend): clocks restart
             last, mark, beat = now, self._mark, beat + 1
             self._learn(previous, mark)
             previous, judging = mark, now >= judge_at
-            exchange = functools.partial(self._exchange, report=self._report(mark, now, beat), judging=judging)
+            report = self._report(mark, now, beat, done=finishing)
+            exchange = functools.partial(self._exchange, report=report, judging=judging)
             try:
                 verdict, states = self._link.call(exchange)
             except StoreLostError as exc:
@@ -344,6 +349,8 @@ class StallWatchdog:
                 stalled = find_stalled(self._views, tie=tie, dead_after=self.timeout, stale=self._stale)
                 if self._observer.confirmed(stalled):
                     self._decide(stalled)
+                if finishing and all(v.done for v in self._views):
+                    return  # every rank is done: nobody is left to wait for
 
     def _learn(self, previous: tuple, mark: tuple) -> None:
         """Record the interval between two marks of one phase run: the adaptive bounds grow from these."""
@@ -363,7 +370,7 @@ class StallWatchdog:
         slowest = (self._entry_gaps if step == 0 else self._steady).get(entry.name, 0.0)
         return max(self.timeout, self.factor * slowest)
 
-    def _report(self, mark: tuple, now: float, beat: int, done: bool = False) -> str:
+    def _report(self, mark: tuple, now: float, beat: int, done: bool = False, left: bool = False) -> str:
         entry, step, clock, last_progress = mark
         frame = sys._current_frames().get(self._main)
         where, waiting = "", False
@@ -372,7 +379,7 @@ class StallWatchdog:
             waiting = is_waiting_frame(str(frame.f_globals.get("__name__", "")))
         idle, quiet = (round(now - max(t, self._resumed), 2) for t in (clock, last_progress))
         report = {"beat": beat, "phase": entry.name, "step": step, "idle": idle, "quiet": quiet}
-        report.update(bound=self._bound(entry, step), block=entry.bound is not _ADAPTIVE, done=done)
+        report.update(bound=self._bound(entry, step), block=entry.bound is not _ADAPTIVE, done=done, left=left)
         report.update(waiting=waiting, where=where)
         return json.dumps(report, separators=(",", ":"))
 
@@ -388,33 +395,32 @@ class StallWatchdog:
         return verdict, [store.get(k) if store.check([k]) else None for k in self._states]
 
     def _decide(self, stalled: list[RankView]) -> None:
-        live = [v.rank for v in self._views if not v.done and v.started and v.heartbeat_age <= self._stale]
-        lines = blame_lines(stalled, self._stale, left=[v.rank for v in self._views if v.done])
-        verdict = json.dumps({"by": self.rank, "stalled": [v.rank for v in stalled], "lines": lines, "live": live})
-        try:  # the first verdict stays: every rank ends with the same one
-            stored = self._link.call(lambda store: store.compare_set(self._verdict_key, "", verdict))
+        views = self._views
+        live = [v.rank for v in views if not v.left and v.started and v.heartbeat_age <= self._stale]
+        left, finished = [v.rank for v in views if v.left], [v.rank for v in views if v.done and not v.left]
+
+        def decide(store: Any) -> Any:  # the first verdict stays: every rank ends with the same one
+            keys = {v.rank: self._who[v.rank] for v in stalled}
+            who = {rank: json.loads(store.get(key)) for rank, key in keys.items() if store.check([key])}
+            lines = blame_lines(stalled, self._stale, left=left, who=who, finished=finished)
+            verdict = {"by": self.rank, "stalled": [v.rank for v in stalled], "lines": lines, "live": live, "who": who}
+            return store.compare_set(self._verdict_key, "", json.dumps(verdict))
+
+        try:
+            stored = self._link.call(decide)
         except StoreLostError as exc:
             self._store_lost(exc)
             return
         self._end(stored.decode() if isinstance(stored, bytes) else str(stored))
 
     def _end(self, raw: str) -> NoReturn:
-        verdict = json.loads(raw)
-        stalled = verdict["stalled"]
-        named = f"rank{'s' if len(stalled) > 1 else ''} {', '.join(map(str, stalled))}"
-        about = "this rank is the one stalled" if self.rank in stalled else f"{named} stalled"
         self._hold_the_exit()
-        show_main_thread(self._main, f"stall watchdog: {about}; this rank's main thread is at:", self.rank)
-        deciding = verdict["by"] == self.rank
-        part_in_order(self._link, self.rank, self._verdict_key, deciding, verdict["live"], self._grace)
-        if deciding:
-            restart = (
-                f"stall watchdog: ending every rank with exit code {STALL_EXIT_CODE} so that the launcher restarts the "
-                f"job (torchrun --max-restarts, a SLURM requeue) from its last save ({TIMEOUT_ENV}={self.timeout:g})"
-            )
-            exit_for_restart([*verdict["lines"], restart], " | ".join(verdict["lines"]), STALL_EXIT_CODE)
-        line = f"[rank {self.rank}] stall watchdog: stopping: {named} stalled (rank {verdict['by']} says why)"
-        exit_for_restart([line], line, STALL_EXIT_CODE)
+        restart = (
+            f"stall watchdog: ending every rank with exit code {STALL_EXIT_CODE} so that the launcher restarts the "
+            f"job (torchrun --max-restarts, a SLURM requeue) from its last save ({TIMEOUT_ENV}={self.timeout:g})"
+        )
+        parting = (self._link, self._verdict_key, self._grace)
+        part_after_verdict(json.loads(raw), self.rank, self._main, parting, restart)
 
     def _store_lost(self, exc: Exception) -> None:
         others = [v for v in self._views if v.rank != self.rank]
@@ -438,7 +444,7 @@ class StallWatchdog:
         link, self._link = self._link, None
         if link is None:
             return
-        report = self._report(self._mark, time.monotonic(), -1, done=True)
+        report = self._report(self._mark, time.monotonic(), -1, done=True, left=True)
         with contextlib.suppress(StoreLostError):
             link.call(lambda store: store.set(self._states[self.rank], report), timeout=min(self.store_timeout, 5.0))
         link.close()

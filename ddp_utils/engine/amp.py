@@ -30,9 +30,14 @@ from .memory_format import use_channels_last
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names
-# bf16 becomes the CPU's default where it is native only once benchmarks/parity.py has shown, over seeds on
-# such a CPU, that it learns as fp32 does; docs/cpu.md says what has been measured so far
-CPU_BF16_BY_DEFAULT = False
+# per CPU kind (cpu_kind): bf16 the default there only where it is faster on train.py and benchmarks/parity.py has
+# shown, over seeds on such a CPU, that it learns as fp32 does; docs/cpu.md says what has been measured so far
+CPU_BF16_BY_DEFAULT = {"amx_bf16": False, "avx512_bf16": False}
+# what --amp bf16 did on train.py against the default mode, per CPU kind, for the log: only what was measured
+BF16_MEASURED = {
+    "amx_bf16": "not measured on train.py yet (python benchmarks/cpu_bf16.py there; docs/cpu.md)",
+    "avx512_bf16": "was not reliably faster than fp32 on train.py on such a CPU without AMX (docs/cpu.md)",
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,17 @@ class TrainMode:
     amp: str
     channels_last: bool
     why: str
+
+
+def cpu_kind(flags: Collection[str]) -> str:
+    """The CPU's kind for bf16, by its flags: ``"amx_bf16"`` (AMX tiles), ``"avx512_bf16"`` (only the vector
+    instructions), or ``"none"``: what bf16 pays is measured, and decided, per kind.
+
+    Examples:
+        >>> cpu_kind({"avx512_bf16", "amx_bf16"}), cpu_kind({"avx512_bf16"}), cpu_kind({"avx2"})
+        ('amx_bf16', 'avx512_bf16', 'none')
+    """
+    return next((flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags), "none")
 
 
 def resolve_amp(amp: str | None, device: torch.device) -> str:
@@ -66,7 +82,7 @@ def train_mode(
     *,
     channels_last: bool | None = None,
     flags: Collection[str] | None = None,
-    bf16_by_default: bool = CPU_BF16_BY_DEFAULT,
+    bf16_by_default: bool | None = None,
 ) -> TrainMode:
     """How to train on ``device``: the autocast dtype and the memory layout, with the reason in words.
 
@@ -80,7 +96,8 @@ def train_mode(
         device: where the run trains.
         channels_last: the layout a resumed run recorded (kept, so it continues as it began); None: decide.
         flags: the CPU's feature flags (default: :func:`ddp_utils.host.cpu_flags`); a test passes its own.
-        bf16_by_default: make bf16 the CPU's default where it is native (see :data:`CPU_BF16_BY_DEFAULT`).
+        bf16_by_default: make bf16 the CPU's default where it is native; None: as :data:`CPU_BF16_BY_DEFAULT`
+            says for the CPU's kind (:func:`cpu_kind`).
 
     Raises:
         ValueError: an unknown ``amp``, or fp16 on the CPU.
@@ -109,9 +126,11 @@ def train_mode(
     native = [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
     pays = use_channels_last(device, flags)
     if amp is None:
-        amp = "bf16" if native and bf16_by_default else "off"
+        kind = cpu_kind(flags)
+        allowed = CPU_BF16_BY_DEFAULT.get(kind, False) if bf16_by_default is None else bf16_by_default
+        amp = "bf16" if native and allowed else "off"
         layout = pays if channels_last is None else channels_last
-        return TrainMode(amp, layout, _why_default(amp, layout, native))
+        return TrainMode(amp, layout, _why_default(amp, layout, native, kind))
     if amp == "off":
         layout = False if channels_last is None else channels_last
         return TrainMode(amp, layout, f"CPU: --amp off: fp32 in {'channels_last' if layout else 'NCHW'}")
@@ -135,13 +154,13 @@ def compute_words(amp: str, channels_last: bool) -> str:
     return f"{precision}, {'channels_last' if channels_last else 'NCHW'}"
 
 
-def _why_default(amp: str, channels_last: bool, native: list[str]) -> str:
+def _why_default(amp: str, channels_last: bool, native: list[str], kind: str) -> str:
     if amp == "bf16":
         return f"CPU: bf16 autocast ({_native_words(native)}), {_layout(channels_last)}; --amp off: fp32 and NCHW"
-    if native:  # the gate (CPU_BF16_BY_DEFAULT) is closed
+    if native:  # the gate (CPU_BF16_BY_DEFAULT) is closed for this kind of CPU
         return (
             f"CPU: fp32, {_layout(channels_last)}; it computes bf16 natively ({', '.join(native)}): --amp bf16 "
-            "trains about 2x as fast, its accuracy against fp32 over seeds not yet shown (docs/cpu.md)"
+            f"{BF16_MEASURED.get(kind, 'not measured on train.py yet (docs/cpu.md)')}"
         )
     return f"CPU: fp32 (no native bf16: no avx512_bf16 or amx_bf16 flag), {_layout(channels_last)}"
 

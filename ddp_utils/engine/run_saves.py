@@ -100,6 +100,12 @@ class RunSaves:
         saved = f"saved {last} in {took:.1f} s, {holds}" if written else _not_saved(last)
         return f"training diverged at {state.where()}: {why}; {saved}; {diverged_advice(amp)}"
 
+    def wait(self) -> bool:
+        """Every rank, at the end: wait until rank 0's writes are on disk, bounded as a save (the other ranks wait
+        for rank 0 at the end of the watched work); False when the last write failed."""
+        with self._saving():
+            return self.checkpoints.wait()
+
     def stop(self, fit: Training, stats: Any = None) -> None:
         """Every rank, when the control stopped the run: save where it stands (at ``stats``' batch when the epoch
         was not validated), wait until the file is on disk, and say so.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +28,11 @@ from ddp_utils.distributed.store import BoundedStore, private_connection
 from ..multiproc import REPO_ROOT, collect, describe, free_port, launch, launcher_env
 
 SCENARIOS = "tests.workers.watchdog_scenarios"
-BLAME = re.compile(r"^rank (\d+) stalled: no progress for (\d+) s in phase '(\w+)' \(step (\d+)\); (.*)$", re.M)
+BLAME = re.compile(
+    r"^rank (\d+) stalled: no progress for (\d+) s in phase '(\w+)' \(step (\d+)\)"
+    r" on host (\S+) \(local rank (\d+), pid (\d+)\); (.*)$",
+    re.M,
+)
 RULES = dict(tie=1.0, dead_after=120.0, stale=10.0)
 
 
@@ -40,7 +45,7 @@ def blames(workers) -> list[tuple[int, int, str, int, str]]:
     found = []
     for w in workers:
         for m in BLAME.finditer(w.stderr):
-            found.append((int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), m.group(5)))
+            found.append((int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), m.group(8)))
     return found
 
 
@@ -48,6 +53,11 @@ def printed_stack(worker) -> str:
     """The stack the watchdog printed for this worker's main thread (its lines, prefixed by its rank)."""
     prefix = f"[rank {worker.rank}] "
     return "\n".join(line[len(prefix) :] for line in worker.stderr.splitlines() if line.startswith(prefix))
+
+
+def where_blamed(workers) -> list[tuple[str, int, int]]:
+    """The (host, local rank, pid) of every blame line any rank printed."""
+    return [(m.group(5), int(m.group(6)), int(m.group(7))) for w in workers for m in BLAME.finditer(w.stderr)]
 
 
 def finished(workers) -> list[int]:
@@ -234,10 +244,36 @@ def test_a_rank_stuck_in_a_read_is_blamed_with_its_own_stack_and_every_rank_exit
     assert "stall watchdog: this rank is the one stalled" in stuck, output
     assert "in read_from_a_hung_mount" in stuck and "time.sleep(seconds)" in stuck, output
     for w in (workers[0], workers[2]):
-        assert "stall watchdog: rank 1 stalled; this rank's main thread is at:" in w.stderr, output
+        named = r"rank 1 on host \S+ \(local rank 1, pid \d+\) stalled"
+        assert re.search(rf"stall watchdog: {named}; this rank's main thread is at:", w.stderr), output
         assert "dist.all_reduce(torch.ones(1))" in printed_stack(w), output  # waiting in the step's collective
     assert sum("stall watchdog: ending every rank with exit code 75" in w.stderr for w in workers) == 1, output
     assert finished(workers) == [], output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_rank_waiting_in_step_controls_wait_is_classed_waiting_and_the_blame_names_host_local_rank_and_pid():
+    # train.py's steps end in StepControl.after_step: its all-reduce is started in one step and waited on in the
+    # next (StepControl._settle), not in a plain dist.all_reduce as the other scenarios wait
+    workers = launch(f"{SCENARIOS}:stuck_after_control", 3, timeout=75, args=(1, 8, 60), env=stall_env(4))
+    output = describe(workers)
+    assert [w.returncode for w in workers] == [STALL_EXIT_CODE] * 3, output
+    record = next(json.loads(line) for line in workers[1].stdout.splitlines() if '"reports"' in line)
+    for rank in ("0", "2"):
+        seen = record["reports"][rank]
+        # StepControl._settle waits on the collective's handle: Pending.wait, in ddp_utils' collectives module
+        assert seen["where"].startswith("collectives.py:") and seen["where"].endswith(" in wait"), (seen, output)
+        assert seen["waiting"] is True, (seen, output)
+    assert record["reports"]["1"]["waiting"] is False, output
+    ((rank, _, phase, step, heartbeat),) = blames(workers)
+    assert (rank, phase) == (1, "train") and heartbeat.startswith("its heartbeat is alive"), output
+    assert where_blamed(workers) == [(socket.gethostname(), 1, record["pid"])], output
+    named = f"rank 1 on host {socket.gethostname()} (local rank 1, pid {record['pid']}) stalled"
+    for w in (workers[0], workers[2]):
+        assert f"stall watchdog: {named}; this rank's main thread is at:" in w.stderr, output
+        assert "in _settle" in printed_stack(w) and "work.wait()" in printed_stack(w), output
 
 
 @pytest.mark.multiprocess
@@ -351,3 +387,40 @@ def test_torchrun_restarts_a_job_the_watchdog_ended_and_the_second_attempt_finis
     assert done == [(0, 1, 2.0), (1, 1, 2.0)], output
     assert [b[0] for b in blames([run])] == [1] and f"exitcode: {STALL_EXIT_CODE}" in run.stderr, output
     print(f"SIGSTOP to the restarted job's end: {started + run.seconds - stopped_at:.1f} s (bound 4 s)")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_rank_frozen_after_the_others_finished_is_named_and_the_job_ends():
+    # attempt 0: rank 1 SIGSTOPs itself after the last collective of the watched work: rank 0 has no collective
+    # left to wait in, and without a wait at the end it would leave and hang in its next collective for ever
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+        "-m", "tests.workers.watchdog_scenarios", "frozen_after_the_end",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=launcher_env(stall_env(4)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    started = time.time()
+    (run,) = collect([proc], time.monotonic(), 150, "torchrun, a rank frozen after the others finished")
+    output = describe([run])
+    assert run.returncode == 0, output
+    records = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    frozen = next(r for r in records if "stopped_at" in r)
+    assert not any(r["attempt"] == 0 and "left_watchdog_at" in r for r in records), output  # rank 0 waited for it
+    done = sorted((r["rank"], r["attempt"], r["total"]) for r in records if r.get("finished"))
+    assert done == [(0, 1, 2.0), (1, 1, 2.0)], output
+    ((rank, _, phase, _, heartbeat),) = blames([run])
+    assert (rank, phase) == (1, "train") and heartbeat.startswith("its heartbeat stopped"), output
+    assert where_blamed([run]) == [(socket.gethostname(), 1, frozen["pid"])], output
+    assert "rank 0 finished and waited for rank 1 to finish" in run.stderr, output
+    assert f"exitcode: {STALL_EXIT_CODE}" in run.stderr, output
+    print(f"SIGSTOP to the restarted job's end: {started + run.seconds - frozen['stopped_at']:.1f} s (bound 4 s)")

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_utils as du
-from ddp_utils.distributed import StallWatchdog
+from ddp_utils.distributed import StallWatchdog, default_store
+from ddp_utils.engine.control import StepControl
 
 INTERVAL = 0.25  # seconds between reports: quick tests
 
@@ -80,6 +81,24 @@ def stuck_read(stuck_rank: str = "1", at_step: str = "5", seconds: str = "60", s
     with StallWatchdog(interval=INTERVAL) as watchdog:
         for _ in watchdog.track(source, "train"):
             step()
+    finish(info)
+
+
+def stuck_after_control(stuck_rank: str = "1", at_step: str = "8", seconds: str = "60", steps: str = "400") -> None:
+    """As train.py's loop, each step ends in StepControl.after_step (its per-step all-reduce, waited on a step later).
+    ``stuck_rank`` hangs in a read at ``at_step``; first, while the others wait for it in StepControl's wait, it
+    prints their watchdog reports as the store holds them (the key: restart 0, this process's first watchdog)."""
+    info = join_group()
+    with StallWatchdog(interval=INTERVAL) as watchdog, StepControl(watchdog=watchdog) as control:
+        for index in watchdog.track(range(int(steps)), "train"):
+            if info.rank == int(stuck_rank) and index == int(at_step):
+                time.sleep(3.0)  # the others reach their next step's wait and report from there
+                keys = [f"ddp_utils/watchdog/0/0/state/{rank}" for rank in range(info.world_size)]
+                reports = {rank: json.loads(default_store().get(key)) for rank, key in enumerate(keys)}
+                emit({"rank": info.rank, "pid": os.getpid(), "reports": reports})
+                read_from_a_hung_mount(float(seconds))
+            time.sleep(0.02)
+            control.after_step(None, boundary=True, last=False)
     finish(info)
 
 
@@ -144,5 +163,23 @@ def restart_after_freeze(steps: str = "60") -> None:
     du.cleanup()
 
 
+def frozen_after_the_end(steps: str = "30") -> None:
+    """Under torchrun --max-restarts 1: in the first attempt rank 1 stops itself (SIGSTOP) after the last collective
+    of the watched work, so rank 0 has nothing left to wait in; rank 0's watchdog waits for it at the end, names it
+    and ends the job; the second attempt runs to the end."""
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    info = join_group()
+    with StallWatchdog(interval=INTERVAL) as watchdog:
+        for _ in watchdog.track(range(int(steps)), "train"):
+            step()
+        if attempt == 0 and info.rank == 1:
+            emit({"rank": info.rank, "attempt": attempt, "pid": os.getpid(), "stopped_at": time.time()})
+            os.kill(os.getpid(), signal.SIGSTOP)
+    emit({"rank": info.rank, "attempt": attempt, "left_watchdog_at": time.time()})
+    total = du.reduce_tensor(torch.ones(1), op="sum").item()
+    emit({"rank": info.rank, "attempt": attempt, "total": total, "finished": True})
+    du.cleanup()
+
+
 if __name__ == "__main__":
-    {"restart": restart_after_freeze}[sys.argv[1]]()
+    {"restart": restart_after_freeze, "frozen_after_the_end": frozen_after_the_end}[sys.argv[1]]()
