@@ -34,6 +34,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from child_env import with_pythonpath  # noqa: E402
 
 from ddp_utils import yolo  # noqa: E402
 from ddp_utils.data import make_shapes_dataset  # noqa: E402
@@ -113,7 +116,7 @@ def train_run(root: Path, bf16: bool, epochs: int) -> float:
            "--imgsz", "320", "--batch-size", "16", "--epochs", str(epochs), "--workers", "0", "--device", "cpu",
            "--noval", "--nosave", "--noplots", "--project", str(root / "runs"), "--name", "bf16" if bf16 else "default",
            "--exist-ok", *amp]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DDP_UTILS_DATASETS_DIR": str(root / "datasets")}
+    env = with_pythonpath() | {"DDP_UTILS_DATASETS_DIR": str(root / "datasets")}  # the caller's PYTHONPATH kept
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     speeds = [float(m.group(2)) for m in EPOCH_SPEED.finditer(done.stdout + done.stderr)]
     if done.returncode != 0 or not speeds:
