@@ -75,7 +75,7 @@ def decode_tiles(batch: RecipeBatch, device: torch.device) -> list[torch.Tensor]
     for i, image in enumerate(decoded):
         if image is None:  # pixels from the worker, or a JPEG the device could not decode: the CPU path's
             bgr = decode_on_host(batch.sources[i], batch.sizes[i], batch.paths[i])
-            image = torch.from_numpy(np.ascontiguousarray(bgr[:, :, ::-1].transpose(2, 0, 1))).to(device)
+            image = _on(device, np.ascontiguousarray(bgr[:, :, ::-1].transpose(2, 0, 1)), torch.uint8)
         tiles.append(_resized(image, batch.sizes[i]))
     return tiles
 
@@ -135,11 +135,23 @@ def _render(recipes, stack, size, device) -> torch.Tensor:
 
 
 def _on(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor:
-    # a small table made on the host, copied without making the host wait for the device
-    table = torch.tensor(np.asarray(values), dtype=dtype)
+    # an array made on the host, copied from pinned memory: a copy from pageable memory would make the host wait
+    # for the stream's queued work
+    table = torch.as_tensor(np.asarray(values), dtype=dtype)
     if device.type == "cuda":
         return table.pin_memory().to(device, non_blocking=True)
     return table.to(device)
+
+
+_TABLES: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _table(device: torch.device, array: np.ndarray) -> torch.Tensor:
+    # one of this module's constant tables on the device, copied there once
+    key = (device, id(array))
+    if key not in _TABLES:
+        _TABLES[key] = _on(device, array, torch.int64)
+    return _TABLES[key]
 
 
 def _warp_layer(layers, stack, size, device) -> torch.Tensor:
@@ -222,7 +234,7 @@ def hsv_jitter(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     r, g, b = img.long().unbind(1)
     v = torch.maximum(torch.maximum(r, g), b)
     diff = v - torch.minimum(torch.minimum(r, g), b)
-    s_table, h_table = (torch.as_tensor(t, device=device) for t in (_S_TABLE, _H_TABLE))
+    s_table, h_table = (_table(device, t) for t in (_S_TABLE, _H_TABLE))
     s = (diff * s_table[v] + (1 << (_SHIFT - 1))) >> _SHIFT
     hue = torch.where(v == r, g - b, torch.where(v == g, b - r + 2 * diff, r - g + 4 * diff))
     hue = (hue * h_table[diff] + (1 << (_SHIFT - 1))) >> _SHIFT
@@ -237,7 +249,7 @@ def hsv_jitter(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     f = hue - sector
     s, v = s * _ONE[1.0 / 255.0], v * _ONE[1.0 / 255.0]
     tab = torch.stack((v, v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))), 1)
-    sectors = torch.as_tensor(_SECTORS, device=device)[:, sector.long().remainder_(6)]  # [3, n, h, w]
+    sectors = _table(device, _SECTORS)[:, sector.long().remainder_(6)]  # [3, n, h, w]
     rgb = tab.gather(1, sectors.permute(1, 0, 2, 3))
     return (rgb * 255).trunc_().clamp_(0, 255).to(torch.uint8)
 
