@@ -57,6 +57,8 @@ def render_batch(batch: RecipeBatch, device: torch.device | str) -> torch.Tensor
     for i, tile in enumerate(tiles):
         stack[i, :, : tile.shape[1], : tile.shape[2]] = tile
     h, w = batch.recipes[0].size
+    if any(recipe.size != (h, w) for recipe in batch.recipes):  # the loader's batches share one shape
+        raise ValueError(f"a batch's images differ in size: {sorted({r.size for r in batch.recipes})}")
     out = torch.empty((len(batch), 3, h, w), dtype=torch.uint8, device=device)
     chunk = max(_PIXELS_AT_ONCE // (h * w), 1)
     for first in range(0, len(batch), chunk):
@@ -113,8 +115,7 @@ def _render(recipes, stack, size, device) -> torch.Tensor:
     # one chunk of samples: each layer warped, the mixup, the colours, the flips
     n = len(recipes)
     layers = [_warp_layer([r.layers[0] for r in recipes], stack, size, device)]
-    mixed = [i for i, r in enumerate(recipes) if r.mix is not None]
-    if mixed:  # the second layer of a sample without a mixup is never read: its first stands in
+    if any(r.mix is not None for r in recipes):  # a sample without a mixup: its first layer stands in, unread
         second = [r.layers[1] if r.mix is not None else r.layers[0] for r in recipes]
         layers.append(_warp_layer(second, stack, size, device))
         ratio = _on(device, [r.mix if r.mix is not None else 1.0 for r in recipes], torch.float32).view(n, 1, 1, 1)
