@@ -6,7 +6,9 @@ The training loader already hands out pinned host memory when CUDA is available
 is a true asynchronous DMA. :class:`DevicePrefetcher` issues that copy, the uint8 -> float
 /255 conversion and the optional ``channels_last`` layout on a side CUDA stream for the
 *next* batch as soon as the current one is handed out, so they overlap with the current
-step's kernels instead of standing in front of the next one.
+step's kernels instead of standing in front of the next one. A batch the workers sent as recipes
+(``--augment-on device``) is decoded and augmented there too, on the same side stream
+(:func:`~ddp_utils.data.device_augment.render_batch`).
 
 On any other device it is a pass-through that computes exactly what the plain loop does
 (``imgs.to(device).float() / 255`` and ``targets.to(device)``, the first as one allocation:
