@@ -17,7 +17,6 @@ Run:  python benchmarks/render_ops.py                       (yolov5s's setting: 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -30,18 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_ops import _counter_class  # noqa: E402  (tests/hostwait.py's counter, loaded by path)
+
 from ddp_utils.data import DevicePrefetcher, find_images, load_hyp, load_labels, make_shapes_dataset  # noqa: E402
 from ddp_utils.data.dataset import SampleKey, YoloDataset  # noqa: E402
 from ddp_utils.data.recipes import RecipeCollate, plan_sample  # noqa: E402
-
-
-def _counter_class():
-    """tests/hostwait.py of this checkout, loaded by path."""
-    spec = importlib.util.spec_from_file_location("hostwait", REPO / "tests" / "hostwait.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.HostWaitCounter
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:

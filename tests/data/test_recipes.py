@@ -20,14 +20,9 @@ from ddp_utils.data.dataset import SampleKey, YoloDataset
 from ddp_utils.data.labels import find_images, load_labels
 from ddp_utils.data.recipes import Recipe, RecipeBatch, RecipeCollate, image_source, plan_sample
 from ddp_utils.data.synthetic import make_shapes_dataset
-from tests.workers.data_scenarios import HYP
+from tests.workers.data_scenarios import AUGMENT_HYPS, HYP
 
-HYPS = {
-    "usual": HYP,
-    "general_warp_mixup_flips": dict(HYP, degrees=12.0, shear=4.0, perspective=0.0008, mixup=0.5, flipud=0.5),
-    "some_letterboxed": dict(HYP, mosaic=0.5, degrees=5.0, scale=0.9, translate=0.3),
-    "no_hsv": dict(HYP, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0),
-}
+HYPS = AUGMENT_HYPS
 
 
 @pytest.fixture(scope="module")

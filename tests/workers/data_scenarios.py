@@ -18,6 +18,14 @@ from ddp_utils.data import load_hyp
 from ddp_utils.data.loader import create_dataloader, create_val_dataloader
 
 HYP = load_hyp("hyp.scratch-low.yaml")  # YOLOv5's augmentation: all-mosaic, no mixup
+# every hyp key the augmentation reads, for the device path's tests against the CPU path (test_recipes.py,
+# test_device_augment.py): the usual hyp, the general warp with mixup and both flips, letterboxed samples, no HSV
+AUGMENT_HYPS = {
+    "usual": HYP,
+    "general_warp_mixup_flips": dict(HYP, degrees=12.0, shear=4.0, perspective=0.0008, mixup=0.5, flipud=0.5),
+    "some_letterboxed": dict(HYP, mosaic=0.5, degrees=5.0, scale=0.9, translate=0.3),
+    "no_hsv": dict(HYP, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0),
+}
 
 
 def _epoch(loader, epoch: int) -> tuple[list[str], float]:
