@@ -213,6 +213,8 @@ raise RuntimeError("Connection closed by peer: a rank that left closed the colle
 """
 
 
+@pytest.mark.slow  # another Python (torch's import alone took 16-19 s on a loaded 2-core host: over the fast tier's 10)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize(("parting", "hold"), [(1.0, 30.0), (60.0, 1.0)])
 def test_a_main_thread_that_fails_while_the_watchdog_ends_the_process_exits_with_the_restarts_code(parting, hold):
     # the main thread's error ends the interpreter in milliseconds; the watchdog's exit comes after its
