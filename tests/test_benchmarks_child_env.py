@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from .benchmark_scripts import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 
 
 def load_child_env():
-    spec = importlib.util.spec_from_file_location("child_env", BENCHMARKS / "child_env.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("child_env")
 
 
 def test_our_children_get_the_checkout_first_and_keep_the_callers_entries(tmp_path):

@@ -3,7 +3,6 @@ every part tiny on the CPU, so the check cannot rot between the GPU hosts it wai
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from .benchmark_scripts import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_check")
 
 
 def test_a_failing_part_is_a_row_with_its_reason_and_the_table_is_printed_anyway():

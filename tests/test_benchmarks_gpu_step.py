@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from .benchmark_scripts import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_step.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_step")
 
 
 def test_train_log_parser_reads_train_py_epoch_lines_and_ignores_the_rest():
