@@ -364,21 +364,27 @@ def test_off_when_ddp_utils_stall_timeout_is_0():
     assert "stall watchdog" not in "".join(w.stderr for w in workers), describe(workers)
 
 
+def torchrun_scenario(name: str) -> subprocess.Popen:
+    """A scenario of tests/workers/watchdog_scenarios.py on 2 ranks under torchrun (one restart allowed), with
+    a 4 s stall timeout; its own session, so a test can end the whole job."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+        "-m", "tests.workers.watchdog_scenarios", name,
+    ]  # fmt: skip
+    env = launcher_env(stall_env(4))
+    return subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_torchrun_restarts_a_job_the_watchdog_ended_and_the_second_attempt_finishes():
     # attempt 0: rank 1 SIGSTOPs itself; the watchdog ends rank 0 with 75; torchrun SIGTERMs rank 1, which
     # stays stopped until SIGKILL 30 s later; attempt 1 must not read attempt 0's verdict from the agent's store
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        "-m", "tests.workers.watchdog_scenarios", "restart",
-    ]  # fmt: skip
-    env = launcher_env(stall_env(4))
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc = torchrun_scenario("restart")
     started = time.time()
     (run,) = collect([proc], time.monotonic(), 200, "torchrun restart after a stall")
     output = describe([run])
@@ -397,20 +403,7 @@ def test_torchrun_restarts_a_job_the_watchdog_ended_and_the_second_attempt_finis
 def test_a_rank_frozen_after_the_others_finished_is_named_and_the_job_ends():
     # attempt 0: rank 1 SIGSTOPs itself after the last collective of the watched work: rank 0 has no collective
     # left to wait in, and without a wait at the end it would leave and hang in its next collective for ever
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        "-m", "tests.workers.watchdog_scenarios", "frozen_after_the_end",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO_ROOT,
-        env=launcher_env(stall_env(4)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = torchrun_scenario("frozen_after_the_end")
     started = time.time()
     (run,) = collect([proc], time.monotonic(), 150, "torchrun, a rank frozen after the others finished")
     output = describe([run])
