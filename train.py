@@ -22,15 +22,16 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 import ddp_utils as du
 from ddp_utils import engine, yolo
-from ddp_utils.data import DevicePrefetcher, class_frequency, epoch_image_weights
-from ddp_utils.engine import options
-from ddp_utils.engine.checkpoint import load_pretrained
-from ddp_utils.engine.optim_setup import optimizer_from_hyp
-from ddp_utils.engine.resume import find_resume, start_state
-from ddp_utils.engine.run import Run, Training, make_run_dir, record_run, start_run
-from ddp_utils.engine.run_records import open_records
-from ddp_utils.engine.run_report import epoch_line, epoch_notes, finish_run, first_batches_plotter
+from ddp_utils.data import DevicePrefetcher, epoch_image_weights
 from ddp_utils.progress import set_progress_mode
+from ddp_utils.run import options
+from ddp_utils.run.checkpoint import load_pretrained
+from ddp_utils.run.epochs import end_epoch, finish_training
+from ddp_utils.run.records import Records, open_records
+from ddp_utils.run.report import first_batches_plotter
+from ddp_utils.run.resume import find_resume
+from ddp_utils.run.start import Run, make_run_dir, record_run, start_run
+from ddp_utils.run.training import Training, build_training
 from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
 
 
@@ -38,7 +39,7 @@ def parse_opt(argv: list[str] | bool | None = None, known: bool = False) -> argp
     """The options from ``argv`` (default: the command line); ``known=True`` (or YOLOv5's ``parse_opt(True)``):
     the options train.py knows, the rest ignored."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_train_options(parser)  # YOLOv5's options, then ours: ddp_utils/engine/options.py
+    options.add_train_options(parser)  # YOLOv5's options, then ours: ddp_utils/run/options.py
     if isinstance(argv, bool):  # YOLOv5's parse_opt(True)
         argv, known = None, known or argv
     return parser.parse_known_args(argv)[0] if known else parser.parse_args(argv)
@@ -48,7 +49,7 @@ def run(**kwargs) -> argparse.Namespace:
     """Train from Python, as YOLOv5's ``train.run(data="coco128.yaml", imgsz=320)``; returns the options.
 
     A name that is no option raises TypeError (YOLOv5 would ignore it), a value the command line refuses
-    (``imgsz=-5``) :class:`ddp_utils.engine.OptionError`, a ValueError naming the option; any other mistake in
+    (``imgsz=-5``) :class:`ddp_utils.run.OptionError`, a ValueError naming the option; any other mistake in
     the inputs (a missing data yaml) the error naming the file, never SystemExit.
     """
     opt = options.options_with(parse_opt(known=True), kwargs, du.dist_info().world_size)
@@ -146,93 +147,44 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int, device: torch.device) ->
     return train_loader, val_loader, dataset
 
 
-def build_training(run: Run, model, device: torch.device, info: du.DistInfo, gs: int, data: tuple) -> Training:
-    """Optimizer, schedule, EMA, loss and the DDP wrapper; a resumed run's state put back, to the batch."""
-    train_loader, val_loader, labels = data
-    channels_last = run.channels_last  # on CUDA, and on CPUs whose convolutions run faster so (engine.train_mode)
-    if channels_last:  # before the optimizer and DDP, which keep the parameters' layout
-        engine.to_channels_last(model)
-    if run.resume is None and not run.opt.weights:  # the head's class biases start at the label counts
-        model.initialize_biases(class_frequency(labels, run.nc))
-    opt, sizes = run.opt, dict(batch_size=run.batch_size, epochs=run.epochs, batches_per_epoch=len(train_loader))
-    optim = optimizer_from_hyp(model, run.hyp, name=opt.optimizer, cos_lr=opt.cos_lr, **sizes)
-    ema = engine.ModelEMA(model)
-    scaler = torch.amp.GradScaler("cuda", enabled=run.amp == "fp16")  # bf16 needs no loss scaling
-    state = start_state(run.resume, model, optim.optimizer, ema, scaler, len(train_loader), run.batch_size)
-    optim.scheduler.last_epoch = state.epoch - 1  # the schedule follows the epoch (lr from the optimizer's state)
-    gains = yolo.scale_loss_gains(run.hyp, model.model[-1].nl, run.nc, run.imgsz, opt.label_smoothing)  # to the model
-    compute_loss = yolo.ComputeLoss(model, gains, across_ranks=True)  # normalised over the global batch
-    if channels_last:
-        engine.to_channels_last(ema.ema)
-    # SyncBatchNorm and DDP (it broadcasts rank 0's weights), then compile on request (Dynamo sees DDP);
-    # under --dist-debug on gloo, DDP needs a group of its own (see ddp_utils.distributed.debug); else None
-    group = du.distributed.ddp_process_group() if info.distributed else None
-    wrap = dict(distributed=info.distributed, sync_bn=opt.sync_bn, compile=opt.compile, process_group=group)
-    model = engine.wrap_model(model, device, **wrap)
-    multi_scale = (run.imgsz, gs, opt.seed) if opt.multi_scale else None
-    settings = dict(amp=run.amp, world_size=info.world_size, multi_scale=multi_scale, channels_last=channels_last)
-    parts = (model, optim.optimizer, scaler, ema, compute_loss, optim.accumulate, optim.warmup)
-    step = engine.TrainStep(*parts, **settings, last_opt_step=state.last_opt_step)  # after every wrapper: see its guard
-    return Training(step, optim.scheduler, train_loader, val_loader, labels, state)
-
-
 def train(run: Run, fit: Training, device: torch.device, info: du.DistInfo, stopper=None) -> str | None:
-    """The epochs: train, validate, log, save; stop early, on a signal (save, requeue), when steps stay non-finite
-    (save the last finite state, raise TrainingDiverged), or at the end.
+    """The epochs: train, validate, then the epoch's end (step the schedule, stop early, log, save:
+    ddp_utils/run/epochs.py); stop on a signal (save, requeue), when steps stay non-finite (save the last
+    finite state, raise TrainingDiverged), or at the end.
 
     A signal (SIGTERM, the requeue signal, a first Ctrl-C) stops every rank after the same optimizer step, or
     cuts a validation short: last.pt records the batch, and --resume continues at the next one. Returns "signal"
     then, else None; ``stopper`` (an evolve trial's pruning) takes the place of --patience's.
     """
-    opt, step = run.opt, fit.step
-    logger, stopper, saves, control, watchdog = open_records(run, fit, info, stopper)
-    stats, stop = None, False
-    with watchdog, logger, control:  # an error: the trackers' runs FAILED; a rank that stalls: all end, named
+    records = open_records(run, fit, info, stopper)  # results.csv, trackers, early stop, saves, control, watchdog
+    stats = None
+    with records:  # an error: the trackers' runs FAILED; a rank that stalls: all end, named
         for epoch in range(fit.state.epoch, run.epochs):
-            stats = train_epoch(run, fit, device, info, control, saves, watchdog)
-            if control.epoch_end(step):  # a signal in the epoch or its last step, or non-finite steps: save first
+            stats = train_epoch(run, fit, device, info, records)
+            if records.control.epoch_end(fit.step):  # a signal in the epoch or its last step, or non-finite steps
                 break
-            lrs = [group["lr"] for group in step.optimizer.param_groups]
-            train_loss = du.reduce_tensor(stats.loss, op="mean").cpu()
             try:
-                metrics, val_loss = validate(run, fit, device, epoch, control, watchdog)
+                validated = validate(run, fit, device, epoch, records)
             except yolo.ValidationInterrupted:  # a signal during validation: the trained epoch is saved, unvalidated
-                control.stop_anywhere()
+                records.control.stop_anywhere()
                 break
-            fit.scheduler.step()
-            stop = du.any_rank(bool(stopper(epoch, yolo.fitness(metrics))))
-            best = engine.is_new_best(yolo.fitness(metrics), fit.state.best_fitness, control.epoch_skipped)
-            maps = yolo.class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
-            fit.state = fit.state.epoch_done(step.last_opt_step, stopper, metrics, val_loss, maps, control.skipped)
-            logger.log(epoch, engine.results_values(train_loss, metrics, val_loss, lrs, control.epoch_skipped))
-            line = epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size))
-            du.LOGGER.info(line + epoch_notes(epoch, stats, control.epoch_skipped))
-            stats, stop = None, control.stop_anywhere() or stop  # a signal during the validation's last moments
-            if not opt.nosave or fit.state.epoch == run.epochs or stop:
-                saves.save(fit, best=best)
+            stats, stop = None, end_epoch(run, fit, records, epoch, stats, validated, info)
             if stop:
                 break
-        if control.reason is not None:  # last.pt of where training stopped, on disk before the process ends
-            saves.stop(fit, stats)
-        saves.wait()  # rank 0's writes on disk; the others wait for it at the watchdog's end
+        records.finish_writes(fit, stats)  # last.pt of where training stopped, on disk before the process ends
 
     # ---- finish: rank 0 strips the optimizer from best.pt and draws the curves ----
-    stopped = control.reason is not None
-    if info.is_main and not stopped:
-        finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not opt.noplots)
-        logger.log_weights([saves.checkpoints.best, saves.checkpoints.last])
-    logger.close(finished=not stopped)
-    return control.reason
+    return finish_training(run, fit, records, info)
 
 
-def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, control, saves, watchdog):
+def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo, records: Records):
     """One epoch, or what a resumed one has left: the loader starts at the batch to continue at."""
     opt, state = run.opt, fit.state
     if opt.image_weights:  # YOLOv5's --image-weights: rare and badly detected classes drawn more often
         fit.train_loader.set_image_weights(epoch_image_weights(fit.labels, run.nc, state.last_val.get("maps")))
     fit.train_loader.set_epoch(state.epoch, start_batch=state.batch)
     batches = DevicePrefetcher(fit.train_loader, device, fit.step.channels_last)  # on CUDA: copies overlap
-    batches = watchdog.track(batches, "train")  # a batch that never comes is a stall
+    batches = records.watchdog.track(batches, "train")  # a batch that never comes is a stall
     plot = first_batches_plotter(run.save_dir, run.names, info.is_main and state.epoch == 0 and not opt.noplots)
     return engine.train_one_epoch(
         fit.step,
@@ -242,23 +194,23 @@ def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo
         start=state.batch,
         loss=state.rank_loss(info.rank, info.world_size),
         epochs=run.epochs,
-        control=control,  # after every step: go on, save (rank 0's clock, every rank agrees) or stop
-        on_save=lambda now: saves.periodic(fit, now),
+        control=records.control,  # after every step: go on, save (rank 0's clock, every rank agrees) or stop
+        on_save=lambda now: records.saves.periodic(fit, now),
         progress=info.is_main,
         on_batch=plot,
     )
 
 
-def validate(run: Run, fit: Training, device: torch.device, epoch: int, control, watchdog) -> tuple:
+def validate(run: Run, fit: Training, device: torch.device, epoch: int, records: Records) -> tuple:
     """Validate the EMA weights on every rank's shard: (metrics, val_loss); --noval repeats the last ones.
     A stop signal on any rank cuts it short: every rank raises yolo.ValidationInterrupted."""
     final_epoch = epoch + 1 == run.epochs
     if run.opt.noval and not final_epoch:
         return fit.state.metrics()  # results.csv reports the last validation again, as YOLOv5's does
     fit.step.ema.sync()  # BatchNorm statistics drift apart per rank; evaluate rank 0's
-    ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, control.stop_requested  # a signal cuts it short
-    shown = dict(verbose=False, progress=du.is_main_process(), watchdog=watchdog)
-    val = watchdog.track(fit.val_loader, "val")
+    ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, records.control.stop_requested  # a signal cuts it
+    shown = dict(verbose=False, progress=du.is_main_process(), watchdog=records.watchdog)
+    val = records.watchdog.track(fit.val_loader, "val")
     shown["half"] = run.amp != "off"  # YOLOv5's half=amp: fp16 autocast on CUDA (the CPU validates in fp32)
     metrics, val_loss = yolo.evaluate(ema, val, loss, device=device, stop=stop, **shown)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class

@@ -7,7 +7,7 @@
   a bare ``torch.save``, :func:`save_checkpoint` (temp file, fsync, rename, directory fsync) and
   :func:`load_checkpoint`.
 - ``memory``: for each model, a trained state (weights, EMA, SGD momentum) saved once through
-  :class:`~ddp_utils.engine.Checkpointer` to last.pt, best.pt and epochN.pt, in a fresh process each:
+  :class:`~ddp_utils.run.Checkpointer` to last.pt, best.pt and epochN.pt, in a fresh process each:
   the peak host memory the save adds (Linux's VmHWM, reset just before), in the save itself and as a
   multiple of the file, inline and in the background. The host snapshot is one copy of the file's
   size; anything above it is a serialised copy. (How long a save holds the step: ``preemption.py --parts save``.)
@@ -32,7 +32,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from ddp_utils.engine import load_checkpoint, save_checkpoint  # noqa: E402
+from ddp_utils.run import load_checkpoint, save_checkpoint  # noqa: E402
 
 
 def timed(fn, repeats: int) -> float:
@@ -69,7 +69,8 @@ def _peak_kib() -> int:
 def one_save(cfg: str, background: bool, directory: Path) -> dict:
     """In this (fresh) process: one save of a trained ``cfg`` model through Checkpointer; what it cost."""
     from ddp_utils import LOGGER
-    from ddp_utils.engine import Checkpointer, ModelEMA, TrainState, smart_optimizer
+    from ddp_utils.engine import ModelEMA, smart_optimizer
+    from ddp_utils.run import Checkpointer, TrainState
     from ddp_utils.yolo import Model
 
     LOGGER.setLevel(logging.WARNING)

@@ -44,8 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ddp_utils.engine.loggers import METRIC_COLUMNS  # noqa: E402
 from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402
+from ddp_utils.run.loggers import METRIC_COLUMNS  # noqa: E402
 from ddp_utils.yolo.metrics import fitness as metrics_fitness  # noqa: E402
 
 

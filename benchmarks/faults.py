@@ -60,7 +60,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils.data import make_shapes_dataset  # noqa: E402
-from ddp_utils.engine import CheckpointError, TrainState, load_checkpoint  # noqa: E402
+from ddp_utils.run import CheckpointError, TrainState, load_checkpoint  # noqa: E402
 
 FAULTS = ("sigterm", "sigterm-val", "sigkill", "sigstop", "worker-kill", "enospc", "nan", "truncated")
 NB = 8  # batches (= optimizer steps) per epoch: 64 images, 8 per step

@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 from child_env import with_pythonpath, without_checkout  # noqa: E402
 from parity_record import yolov5_epoch_seconds  # noqa: E402
 
-from ddp_utils.engine.run_report import parse_epoch_lines  # noqa: E402
+from ddp_utils.run.report import parse_epoch_lines  # noqa: E402
 
 # our train.py configurations timed beside YOLOv5: (row name, extra train.py options); add rows here
 CONFIGS = [

@@ -51,7 +51,6 @@ from ddp_utils.data.synthetic import DEFAULT_CLASSES, make_shapes_dataset  # noq
 from ddp_utils.engine import (  # noqa: E402
     CUDNN_MODES,
     ModelEMA,
-    StepControl,
     TrainStep,
     Warmup,
     accumulate_steps,
@@ -63,7 +62,8 @@ from ddp_utils.engine import (  # noqa: E402
     wrap_model,
 )
 from ddp_utils.engine.memory_format import to_channels_last, use_channels_last  # noqa: E402
-from ddp_utils.engine.run_report import EPOCH_LINE  # noqa: E402  (train.py's epoch line, one home)
+from ddp_utils.run import StepControl  # noqa: E402
+from ddp_utils.run.report import EPOCH_LINE  # noqa: E402  (train.py's epoch line, one home)
 from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains  # noqa: E402
 
 SPEED = re.compile(r"([0-9.]+) img/s, data wait ([0-9.]+)%")

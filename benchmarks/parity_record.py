@@ -69,7 +69,7 @@ def ours_epoch_seconds(log: str, images: int) -> list[float]:
         >>> ours_epoch_seconds(line, 1000)
         [20.0]
     """
-    from ddp_utils.engine.run_report import parse_epoch_lines
+    from ddp_utils.run.report import parse_epoch_lines
 
     return [images / epoch["img_s"] for epoch in parse_epoch_lines(log) if epoch["img_s"] > 0]
 

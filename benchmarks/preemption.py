@@ -11,7 +11,7 @@
   save); the training lost is what it trained after the step its last.pt holds, in steps and seconds,
   with the interval on and off (off: only the epoch ends save, as YOLOv5's does).
 - ``save``: for each model, a trained state (weights, EMA, SGD momentum) saved through
-  :class:`~ddp_utils.engine.Checkpointer`: how long a background save holds the training step (the
+  :class:`~ddp_utils.run.Checkpointer`: how long a background save holds the training step (the
   snapshot: a copy to host memory) against a save written in the step (serialise and write), and how
   long the background write takes.
 
@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils import LOGGER  # noqa: E402
 from ddp_utils.data import make_shapes_dataset  # noqa: E402
-from ddp_utils.engine import Checkpointer, ModelEMA, TrainState, load_checkpoint, smart_optimizer  # noqa: E402
+from ddp_utils.engine import ModelEMA, smart_optimizer  # noqa: E402
+from ddp_utils.run import Checkpointer, TrainState, load_checkpoint  # noqa: E402
 from ddp_utils.yolo import Model  # noqa: E402
 
 PROGRESS = re.compile(r"^(\d+)/\d+ .* inst \d+ size \d+ (\d+)/(\d+) \d+%")  # one line per trained step

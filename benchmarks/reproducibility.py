@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from ddp_utils.engine import load_checkpoint
+from ddp_utils.run import load_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env

@@ -115,7 +115,7 @@ def released_weights(name: str | Path) -> Path | None:
     checked, and its sha256 is recorded beside it (``yolov5s.pt.sha256``) before it is renamed
     into place. A cached copy is used when it still has that sha256; otherwise it is fetched again.
     The file is only downloaded: read it with the safe reader
-    (:func:`ddp_utils.engine.checkpoint.load_pretrained`), which runs nothing in it.
+    (:func:`ddp_utils.run.checkpoint.load_pretrained`), which runs nothing in it.
 
     Args:
         name: a bare file name; other names (a path, another file) get None.

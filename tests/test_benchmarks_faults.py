@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_utils.engine import TrainState
-from ddp_utils.engine.checkpoint import save_checkpoint
+from ddp_utils.run import TrainState
+from ddp_utils.run.checkpoint import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 hammered on oversubscribed cores, a data loader worker that meets a corrupt file, a full disk.
 
 A rank raising inside torch_distributed_zero_first is tested in tests/test_dist.py, an
-interrupted checkpoint save in tests/engine/test_checkpoint.py; these are the other cases.
+interrupted checkpoint save in tests/run/test_checkpoint.py; these are the other cases.
 Every wait is bounded: a hang fails the test at its deadline instead of stalling CI.
 """
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ddp_utils.data import load_labels, make_shapes_dataset
-from ddp_utils.engine.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
+from ddp_utils.run.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from tests.multiproc import describe, launch
 from tests.workers.fault_scenarios import labelset_digest
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ddp_utils.data.label_cache import _write_cache
-from ddp_utils.engine import RESULTS_COLUMNS, ResultsLogger
-from ddp_utils.engine.checkpoint import atomic_torch_save, atomic_write_bytes
 from ddp_utils.files import current_umask, mkstemp_shared
+from ddp_utils.run import RESULTS_COLUMNS, ResultsLogger
+from ddp_utils.run.checkpoint import atomic_torch_save, atomic_write_bytes
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o002])

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from ddp_utils.data import DataConfigError, check_dataset, load_hyp, load_labels, make_shapes_dataset
-from ddp_utils.engine.checkpoint import CheckpointError, load_checkpoint
+from ddp_utils.run.checkpoint import CheckpointError, load_checkpoint
 from ddp_utils.yolo import Model, ModelConfigError
 
 pytestmark = pytest.mark.timeout(180)  # a parser that hangs on some input fails here

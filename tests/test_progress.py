@@ -116,7 +116,7 @@ def test_val_progress_option_plain_lines_or_none(tmp_path):
 
     import torch
 
-    from ddp_utils.engine import build_checkpoint, save_checkpoint
+    from ddp_utils.run import build_checkpoint, save_checkpoint
     from ddp_utils.yolo import Model
 
     from .multiproc import REPO_ROOT, launcher_env

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from ddp_utils.downloads import RELEASE_URL_ENV, WEIGHTS_DIR_ENV, YOLOV5_RELEASED, release_url, released_weights
-from ddp_utils.engine.checkpoint import load_pretrained
+from ddp_utils.run.checkpoint import load_pretrained
 from ddp_utils.yamls import find_asset
 from ddp_utils.yolo import Model
 

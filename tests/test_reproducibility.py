@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_utils.engine import build_checkpoint, load_checkpoint, save_checkpoint
+from ddp_utils.run import build_checkpoint, load_checkpoint, save_checkpoint
 from ddp_utils.yolo import Model
 
 from .multiproc import describe, launch

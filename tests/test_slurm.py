@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from ddp_utils.distributed import dist_info, launch_key
-from ddp_utils.engine import PreemptionHandler, TrainState, load_checkpoint
-from ddp_utils.engine.signals import requeue_job, requeue_signal
+from ddp_utils.run import PreemptionHandler, TrainState, load_checkpoint
+from ddp_utils.run.signals import requeue_job, requeue_signal
 
 from .multiproc import REPO_ROOT, free_port, launcher_env
 from .slurm_cluster import SlurmCluster, SlurmUnavailable, skip_or_fail, start_cluster

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ddp_utils.data import make_shapes_dataset
-from ddp_utils.engine import load_checkpoint
-from ddp_utils.engine.run_report import parse_epoch_lines
+from ddp_utils.run import load_checkpoint
+from ddp_utils.run.report import parse_epoch_lines
 
 from .multiproc import REPO_ROOT, collect, descendants, describe, free_port, launcher_env
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_utils.engine import CheckpointError, TrainState, load_checkpoint
+from ddp_utils.run import CheckpointError, TrainState, load_checkpoint
 from tests.multiproc import REPO_ROOT, describe, free_port, kill_tree, run_watching
 from tests.test_train import _worker_pids, results, torchrun, train_env
 from tests.test_train_resume import args, data  # noqa: F401 (the module's dataset fixture)

@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from ddp_utils.engine import TrainState, load_checkpoint
+from ddp_utils.run import TrainState, load_checkpoint
 from tests.multiproc import describe, run_watching
 from tests.test_train import _worker_pids, results, run, torchrun, train_env
 from tests.test_train_resume import assert_bit_identical, progress_env, small_run_data

@@ -31,7 +31,8 @@ import yaml
 from torch import nn
 
 from ddp_utils.data import make_shapes_dataset
-from ddp_utils.engine import Checkpointer, ModelEMA, TrainState, load_checkpoint, strip_optimizer
+from ddp_utils.engine import ModelEMA
+from ddp_utils.run import Checkpointer, TrainState, load_checkpoint, strip_optimizer
 from tests.multiproc import REPO_ROOT, describe, run_watching
 from tests.test_train import results, run, torchrun, train_env
 

@@ -17,17 +17,9 @@ import pytest
 import torch
 from torch.optim import lr_scheduler
 
-from ddp_utils.engine import (
-    EarlyStopping,
-    ModelEMA,
-    build_checkpoint,
-    load_checkpoint,
-    one_cycle,
-    save_checkpoint,
-    smart_optimizer,
-    strip_optimizer,
-)
-from ddp_utils.engine.checkpoint import UnsafeCheckpointError
+from ddp_utils.engine import ModelEMA, one_cycle, smart_optimizer
+from ddp_utils.run import EarlyStopping, build_checkpoint, load_checkpoint, save_checkpoint, strip_optimizer
+from ddp_utils.run.checkpoint import UnsafeCheckpointError
 from ddp_utils.yolo import Model
 from ddp_utils.yolo.metrics import fitness
 
@@ -210,7 +202,7 @@ def test_small_helpers_take_yolov5s_call_forms(tmp_path):
     """utils/torch_utils.py ``select_device(device, batch_size, newline)``, ``time_sync``; utils/general.py
     ``yaml_save(file, data)``; utils/loss.py ``smooth_BCE(eps=0.1)``, ``FocalLoss(loss_fcn, gamma, alpha)``."""
     import ddp_utils as du
-    from ddp_utils.engine import yaml_save
+    from ddp_utils.run import yaml_save
     from ddp_utils.yolo import FocalLoss, smooth_BCE
 
     assert du.select_device("cpu", batch_size=0, newline=False) == torch.device("cpu")

@@ -3,9 +3,9 @@
     python -m ddp_utils convert yolov5s.pt              # writes yolov5s-ddp.pt beside it (or: ddp-convert)
     python -m ddp_utils convert yolov5s.pt weights/s.pt
 
-The output is a plain-data checkpoint (:func:`~ddp_utils.engine.load_checkpoint` reads it with
+The output is a plain-data checkpoint (:func:`~ddp_utils.run.load_checkpoint` reads it with
 ``weights_only=True``) that ``train.py --weights`` fine-tunes from. The work is
-:mod:`ddp_utils.engine.checkpoint`'s; this module parses and prints.
+:mod:`ddp_utils.run.checkpoint`'s; this module parses and prints.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..engine.checkpoint import CheckpointError, UnsafeCheckpointError, convert_yolov5_checkpoint, load_checkpoint
 from ..log import set_logging
+from ..run.checkpoint import CheckpointError, UnsafeCheckpointError, convert_yolov5_checkpoint, load_checkpoint
 from ..yolo.foreign import ForeignCheckpointError
 
 

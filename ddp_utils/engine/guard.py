@@ -19,7 +19,7 @@ finite. Nothing waits for the host, and the flag decides all of:
 - the step is counted: the guard counts skipped steps (in all, and in a row; the GradScaler's overflows
   too) in a device tensor, :attr:`NonFiniteGuard.counts`.
 
-The run's control (:mod:`ddp_utils.engine.control`) reads the counts on the host a step or two later,
+The run's control (:mod:`ddp_utils.run.control`) reads the counts on the host a step or two later,
 without a wait, and stops the run when the steps in a row reach its limit: a persistent fp16 overflow
 (the scale halving at every step) stops it as any other divergence does.
 """

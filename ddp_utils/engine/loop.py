@@ -11,6 +11,7 @@ is read one step later. On the CPU the same code computes the same numbers as a 
 from __future__ import annotations
 
 import contextlib
+import enum
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -24,10 +25,18 @@ from ..data.multiscale import multi_scale_resize
 from ..data.prefetch import images_to_float
 from ..progress import progress, progress_mode
 from .amp import AMP_DTYPES
-from .control import Action
 from .ema import ModelEMA
 from .guard import NonFiniteGuard
 from .optim import Warmup
+
+
+class Action(enum.Enum):
+    """What the epoch does after a step, as the run's control (:class:`~ddp_utils.run.control.StepControl`) says:
+    go on, save and go on, or stop after this optimizer step."""
+
+    GO = "go"
+    SAVE = "save"
+    STOP = "stop"
 
 
 @dataclass
@@ -209,7 +218,7 @@ def train_one_epoch(
     The images are the loader's uint8 batch, or floats already on the device from a
     :class:`~ddp_utils.data.DevicePrefetcher` wrapped around it (on CUDA: the copy overlaps the step).
 
-    After each batch ``control`` (a :class:`~ddp_utils.engine.control.StepControl`) says, the same on
+    After each batch ``control`` (a :class:`~ddp_utils.run.control.StepControl`) says, the same on
     every rank, whether to go on, save or stop. A stop (a signal on any rank, or non-finite steps
     that persist) ends the call after an optimizer step, so no gradient is left half-accumulated,
     or at the epoch's end, whichever comes first; the returned stats say where (``batch``), which is
@@ -227,7 +236,7 @@ def train_one_epoch(
         start: the epoch's first batch still to train (a resumed epoch's); 0 for a whole epoch.
         loss: the running mean loss of the batches before ``start`` (from the checkpoint); zeros when None.
         epochs: the total, for the progress bar.
-        control: the run's :class:`~ddp_utils.engine.control.StepControl`, asked after every batch; None: never stop.
+        control: the run's :class:`~ddp_utils.run.control.StepControl`, asked after every batch; None: never stop.
         on_save: called on every rank with the stats so far when a periodic save is agreed.
         progress: show the epoch's progress (the main process): a bar, plain lines or nothing, as
             :func:`ddp_utils.progress.progress_mode` says (``DDP_UTILS_PROGRESS``, else bar on a terminal).

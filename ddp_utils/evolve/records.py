@@ -24,8 +24,8 @@ import optuna
 import yaml
 from optuna.trial import TrialState
 
-from ..engine.loggers import METRIC_COLUMNS
 from ..files import mkstemp_shared
+from ..run.loggers import METRIC_COLUMNS
 from ..yolo.metrics import fitness
 
 EXTRA_COLUMNS = ("trial", "epochs", "pruned")

@@ -1,6 +1,6 @@
 """What ``train.py --evolve``'s options settle before anything is written (:class:`EvolveSettings`).
 
-The options themselves are train.py's, with the others: :func:`ddp_utils.engine.options.add_evolve_options`.
+The options themselves are train.py's, with the others: :func:`ddp_utils.run.options.add_evolve_options`.
 """
 
 from __future__ import annotations

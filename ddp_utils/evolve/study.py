@@ -32,8 +32,8 @@ from optuna.trial import TrialState
 
 from ..distributed import DistInfo, broadcast_object, launch_key
 from ..engine.guard import TrainingDiverged
-from ..engine.options import is_user_error, user_errors
 from ..log import LOGGER
+from ..run.options import is_user_error, user_errors
 from .records import TrialResult, trial_line, trial_metrics, trial_results, write_records
 from .settings import EvolveSettings
 from .store import (

@@ -9,8 +9,8 @@ from typing import Any
 
 import optuna
 
-from ..engine.early_stop import EarlyStopping
 from ..log import LOGGER
+from ..run.early_stop import EarlyStopping
 
 TRIALS_DIR = "trials"  # each trial's run: <evolve dir>/trials/<number>
 

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from ddp_utils.cli.val import coco_predictions, image_id
-from ddp_utils.engine import build_checkpoint, save_checkpoint
+from ddp_utils.run import build_checkpoint, save_checkpoint
 from ddp_utils.yolo import Model
 from ddp_utils.yolo.metrics import ImageRecord
 

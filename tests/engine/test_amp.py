@@ -176,8 +176,8 @@ def test_the_run_summary_names_the_compute_mode_as_the_compute_line_does(tmp_pat
     """It said "amp off" on a run whose compute line said "fp32, channels_last"."""
     import argparse
 
-    from ddp_utils.engine.run import Run
-    from ddp_utils.engine.run_records import summary_line
+    from ddp_utils.run.records import summary_line
+    from ddp_utils.run.start import Run
 
     run = Run(argparse.Namespace(), tmp_path, "k", {}, {}, "hyp.yaml", 3, amp, 1, {0: "a"}, imgsz=128, batch_size=8,
               channels_last=channels_last)  # fmt: skip

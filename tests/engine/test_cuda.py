@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_utils.engine import ModelEMA, build_checkpoint, load_checkpoint, save_checkpoint, smart_optimizer
+from ddp_utils.engine import ModelEMA, smart_optimizer
+from ddp_utils.run import build_checkpoint, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_utils.engine import ModelEMA, StepControl, TrainStep, smart_optimizer, train_one_epoch
+from ddp_utils.engine import ModelEMA, TrainStep, smart_optimizer, train_one_epoch
 from ddp_utils.engine.guard import NonFiniteGuard
+from ddp_utils.run import StepControl
 from tests.workers.control_scenarios import _Batches
 from tests.workers.engine_scenarios import small_model
 from tests.workers.step_scenarios import AMP

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from ddp_utils.data import DevicePrefetcher
-from ddp_utils.engine import StepControl, train_one_epoch
+from ddp_utils.engine import train_one_epoch
+from ddp_utils.run import StepControl
 
 from ..hostwait import cuda_sync_errors
 from ..multiproc import describe, launch, records

@@ -21,14 +21,13 @@ from ddp_utils.engine import (
     ModelEMA,
     TrainStep,
     Warmup,
-    build_checkpoint,
     lr_lambda,
     resolve_amp,
-    restore_training,
     smart_optimizer,
     train_one_epoch,
 )
-from ddp_utils.engine.control import StepControl
+from ddp_utils.run import build_checkpoint, restore_training
+from ddp_utils.run.control import StepControl
 from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains
 
 from ..multiproc import describe, launch, records

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from ddp_utils.engine.options import check_options
 from ddp_utils.evolve.settings import EvolveSettings
 from ddp_utils.evolve.space import SearchSpaceError
 from ddp_utils.evolve.store import StoreError
+from ddp_utils.run.options import check_options
 from tests.multiproc import REPO_ROOT
 from train import parse_opt
 

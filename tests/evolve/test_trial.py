@@ -10,10 +10,10 @@ import pytest
 
 from ddp_utils.distributed import DistInfo
 from ddp_utils.engine import TrainingDiverged
-from ddp_utils.engine.options import raising_user_errors, user_errors
 from ddp_utils.evolve.settings import EvolveSettings
 from ddp_utils.evolve.study import run_trial
 from ddp_utils.evolve.trial import TrialPlan, TrialStopper
+from ddp_utils.run.options import raising_user_errors, user_errors
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

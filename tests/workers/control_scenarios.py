@@ -1,4 +1,4 @@
-"""Functions that tests/engine/test_control.py runs in real worker processes (see tests/multiproc.py)."""
+"""Functions that tests/run/test_control.py runs in real worker processes (see tests/multiproc.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,8 @@ import torch
 from torch import nn
 
 import ddp_utils as du
-from ddp_utils.engine import (
-    Checkpointer,
-    ModelEMA,
-    StepControl,
-    TrainState,
-    TrainStep,
-    smart_optimizer,
-    train_one_epoch,
-)
+from ddp_utils.engine import ModelEMA, TrainStep, smart_optimizer, train_one_epoch
+from ddp_utils.run import Checkpointer, StepControl, TrainState
 from tests.workers.engine_scenarios import small_model
 
 

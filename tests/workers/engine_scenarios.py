@@ -13,15 +13,14 @@ import torch
 from torch import nn
 
 import ddp_utils as du
-from ddp_utils.engine import (
+from ddp_utils.engine import ModelEMA, smart_optimizer
+from ddp_utils.run import (
     EarlyStopping,
-    ModelEMA,
     PreemptionHandler,
     TrainState,
     build_checkpoint,
     load_checkpoint,
     save_checkpoint,
-    smart_optimizer,
 )
 
 
@@ -180,8 +179,8 @@ def save_peak(directory: str, megabytes: str, how: str) -> None:
     """
     import gc
 
-    from ddp_utils.engine import Checkpointer
-    from ddp_utils.engine.checkpoint.files import write_serialised
+    from ddp_utils.run import Checkpointer
+    from ddp_utils.run.checkpoint.files import write_serialised
 
     torch.set_num_threads(1)
     numel = int(float(megabytes) * 2**20 / 4 / 3 / 8)  # eight tensors, each stored three times

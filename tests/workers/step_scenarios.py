@@ -26,7 +26,6 @@ import ddp_utils as du
 from ddp_utils.data import DevicePrefetcher, class_frequency, load_hyp
 from ddp_utils.engine import (
     ModelEMA,
-    StepControl,
     TrainStep,
     Warmup,
     lr_lambda,
@@ -37,6 +36,7 @@ from ddp_utils.engine import (
 )
 from ddp_utils.engine import loop as loop_module
 from ddp_utils.engine.optim import accumulate_steps, scaled_weight_decay
+from ddp_utils.run import StepControl
 from ddp_utils.yolo import ComputeLoss, Model, load_model_yaml, scale_loss_gains
 
 from ..hostwait import HostWaitCounter

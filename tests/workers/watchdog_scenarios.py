@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import ddp_utils as du
 from ddp_utils.distributed import StallWatchdog, default_store
-from ddp_utils.engine.control import StepControl
+from ddp_utils.run.control import StepControl
 
 INTERVAL = 0.25  # seconds between reports: quick tests
 

@@ -22,8 +22,8 @@ import torch
 import yaml
 from torch import nn
 
-from ddp_utils.engine import CHECKPOINT_KEYS, build_checkpoint, check_plain, load_checkpoint, save_checkpoint
-from ddp_utils.engine.checkpoint import convert_yolov5_checkpoint, foreign_resume_message, load_pretrained
+from ddp_utils.run import CHECKPOINT_KEYS, build_checkpoint, check_plain, load_checkpoint, save_checkpoint
+from ddp_utils.run.checkpoint import convert_yolov5_checkpoint, foreign_resume_message, load_pretrained
 from ddp_utils.yolo import Model
 from ddp_utils.yolo.foreign import (
     ForeignCheckpointError,

@@ -17,8 +17,8 @@ import torch
 import yaml
 from torch import nn
 
-from ddp_utils.engine import strip_optimizer
-from ddp_utils.engine.checkpoint import UnsafeCheckpointError
+from ddp_utils.run import strip_optimizer
+from ddp_utils.run.checkpoint import UnsafeCheckpointError
 from ddp_utils.yolo import ComputeLoss
 from ddp_utils.yolo.foreign import read_yolov5_checkpoint, yolov5_model
 from ddp_utils.yolo.head import detection_head

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddp_utils.engine import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, yaml_save
+from ddp_utils.run import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, yaml_save
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 

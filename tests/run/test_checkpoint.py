@@ -18,19 +18,18 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_utils.engine import (
+from ddp_utils.engine import ModelEMA, smart_optimizer
+from ddp_utils.run import (
     CHECKPOINT_KEYS,
     Checkpointer,
     CheckpointError,
     CheckpointWriteError,
-    ModelEMA,
     TrainState,
     UnsafeCheckpointError,
     build_checkpoint,
     load_checkpoint,
     restore_training,
     save_checkpoint,
-    smart_optimizer,
     strip_optimizer,
 )
 
@@ -243,7 +242,7 @@ def test_train_model_weights_resume_exactly_and_are_stripped(tmp_path):
 
 
 def test_latest_checkpoint_finds_the_newest_or_the_run_with_the_key(tmp_path):
-    from ddp_utils.engine import latest_checkpoint
+    from ddp_utils.run import latest_checkpoint
 
     for name, key, age in (("exp", "job-a", 30), ("exp2", "job-b", 20), ("exp3", None, 10)):
         weights = tmp_path / name / "weights"

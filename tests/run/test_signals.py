@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ddp_utils.engine import PreemptionHandler
+from ddp_utils.run import PreemptionHandler
 
 from ..multiproc import REPO_ROOT, collect, describe, launch, launcher_env
 

@@ -172,7 +172,7 @@ class ResultsLogger:
         save_dir: the run directory.
         start_epoch: the epoch the run starts (or resumes) at.
         tensorboard: also write TensorBoard scalars when the package is importable.
-        trackers: a :class:`~ddp_utils.engine.trackers.Trackers` that gets every row too, or None.
+        trackers: a :class:`~ddp_utils.run.trackers.Trackers` that gets every row too, or None.
         enabled: False: write nothing (the other ranks of a DDP run).
 
     Examples:

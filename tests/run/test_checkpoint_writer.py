@@ -17,10 +17,11 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_utils.engine import Checkpointer, CheckpointWriteError, ModelEMA, TrainState, load_checkpoint
-from ddp_utils.engine.checkpoint import BackgroundWriter
-from ddp_utils.engine.checkpoint.files import write_serialised
+from ddp_utils.engine import ModelEMA
 from ddp_utils.files import current_umask
+from ddp_utils.run import Checkpointer, CheckpointWriteError, TrainState, load_checkpoint
+from ddp_utils.run.checkpoint import BackgroundWriter
+from ddp_utils.run.checkpoint.files import write_serialised
 from tests.multiproc import REPO_ROOT, launcher_env
 
 
@@ -197,7 +198,7 @@ def test_background_writer_on_its_own_reports_through_wait(tmp_path):
 
 
 def test_an_unexpected_error_in_the_writer_thread_is_reported_as_a_failed_save(tmp_path, monkeypatch, caplog):
-    from ddp_utils.engine.checkpoint import files
+    from ddp_utils.run.checkpoint import files
 
     def broken(ckpt, paths):
         raise ValueError("a bug, not the disk")

@@ -50,7 +50,7 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path:
     """Plot every loss and metric of results.csv against the epoch, to ``results.png`` beside it.
 
     Args:
-        csv_path: a results.csv written by :class:`~ddp_utils.engine.loggers.ResultsLogger`.
+        csv_path: a results.csv written by :class:`~ddp_utils.run.loggers.ResultsLogger`.
         out: the image to write; ``csv_path``'s directory / results.png when None.
 
     Returns:

@@ -1,4 +1,4 @@
-"""A run's saves and what they say (ddp_utils/engine/run_saves.py): "saved" only once the file is whole on disk, and a
+"""A run's saves and what they say (ddp_utils/run/saves.py): "saved" only once the file is whole on disk, and a
 failed stop save names where ``--resume`` really continues. Real files; the writes fail for real (a file-size limit)."""
 
 from __future__ import annotations
@@ -13,19 +13,11 @@ import pytest
 import torch
 
 from ddp_utils.distributed import DistInfo
-from ddp_utils.engine import (
-    Checkpointer,
-    EpochStats,
-    ModelEMA,
-    StepControl,
-    TrainingDiverged,
-    TrainState,
-    TrainStep,
-    load_checkpoint,
-)
-from ddp_utils.engine.run import Training
-from ddp_utils.engine.run_saves import RunSaves, on_disk
+from ddp_utils.engine import EpochStats, ModelEMA, TrainingDiverged, TrainStep
 from ddp_utils.log import LOGGER
+from ddp_utils.run import Checkpointer, StepControl, TrainState, load_checkpoint
+from ddp_utils.run.saves import RunSaves, on_disk
+from ddp_utils.run.training import Training
 from tests.workers.engine_scenarios import small_model
 
 SAVED = re.compile(r"saved (\S+) at epoch (\d+), batch (\d+)/(\d+) ")

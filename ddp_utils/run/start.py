@@ -1,10 +1,10 @@
-"""One training run: the settled options (:class:`Run`), its directory, its parts (the options and their checks:
-:mod:`ddp_utils.engine.options`).
+"""Starting a run: the settled options (:class:`Run`: the options and their checks are
+:mod:`ddp_utils.run.options`), its directory, its records of what it uses (``hyp.yaml``, ``opt.yaml``).
 
 A run directory (``runs/train/exp3``) is written only by the run that owns it: a new run claims a
 fresh one (:func:`make_run_dir`); a resumed run writes into the directory of the ``last.pt`` it
 continues, and only after every reason to refuse the resume has been checked
-(:func:`~ddp_utils.engine.resume.find_resume`).
+(:func:`~ddp_utils.run.resume.find_resume`).
 """
 
 from __future__ import annotations
@@ -15,18 +15,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..data.config import check_dataset
-from ..data.loader import EpochLoader
 from ..distributed import DistInfo, broadcast_object, launch_key
+from ..engine.amp import train_mode
 from ..hyp import load_hyp
 from ..log import LOGGER
-from .amp import train_mode
 from .loggers import increment_path, yaml_save
-from .loop import TrainStep
-from .resume import Resume, gather_losses
-from .train_state import TrainState
+from .resume import Resume
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,41 +93,6 @@ def start_run(opt: argparse.Namespace, info: DistInfo, device: Any, resume: Resu
     )
 
 
-@dataclasses.dataclass
-class Training:
-    """What a run's epochs work with: the step (model, optimizer, EMA, loss), the schedule, the data, the state.
-
-    Attributes:
-        step: the :class:`~ddp_utils.engine.TrainStep`.
-        scheduler: the per-epoch LR schedule.
-        train_loader, val_loader: the loaders.
-        labels: the training labels (the label plot, ``--image-weights``).
-        state: where training stands (:class:`~ddp_utils.engine.train_state.TrainState`): the epoch and batch
-            to continue at, the best fitness, the last validation.
-    """
-
-    step: TrainStep
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    train_loader: EpochLoader
-    val_loader: EpochLoader
-    labels: list
-    state: TrainState = dataclasses.field(default_factory=TrainState)
-
-    def state_at(self, stats: Any, world_size: int, skipped: int) -> TrainState:
-        """Where training stands now: :attr:`state`, at ``stats``' batch of its epoch when given (a mid-epoch save,
-        or an epoch trained but not validated). With ``stats``, a collective: every rank's running loss is gathered.
-
-        Args:
-            stats: the epoch's :class:`~ddp_utils.engine.EpochStats` so far, or None (the state at an epoch's end).
-            world_size: the processes training now (a resume reports a change of scale).
-            skipped: the optimizer steps skipped so far in the run (non-finite gradients).
-        """
-        now = dict(world_size=world_size, skipped=skipped)
-        if stats is not None:
-            now.update(batch=stats.batch, last_opt_step=self.step.last_opt_step, loss=gather_losses(stats.loss))
-        return dataclasses.replace(self.state, **now)
-
-
 def make_run_dir(project: str | Path, name: str, exist_ok: bool, info: DistInfo) -> Path:
     """Rank 0 claims ``project/name`` (or ``name2``, ``name3``, ... when taken); every rank gets the path."""
     new_dir = increment_path(Path(project) / name, exist_ok=exist_ok, mkdir=True) if info.is_main else None
@@ -148,4 +108,4 @@ def record_run(run: Run, info: DistInfo) -> None:
         LOGGER.info(textwrap.fill(pairs, width=110, initial_indent="hyperparameters: ", subsequent_indent="  "))
 
 
-__all__ = ["Run", "Training", "make_run_dir", "record_run", "start_run"]
+__all__ = ["Run", "make_run_dir", "record_run", "start_run"]

@@ -176,7 +176,7 @@ def write_serialised(ckpt: Mapping[str, Any], paths: Sequence[str | Path]) -> li
     file just written, under a temp name renamed into place, or a chunked copy of it where links fail
     (another device, a file system without them). The files of one save may so share their bytes on
     disk: replace them (as every writer here does), never write into them. The caller checks the
-    checkpoint first (:func:`~ddp_utils.engine.checkpoint.check_plain`): a background save checks in
+    checkpoint first (:func:`~ddp_utils.run.checkpoint.check_plain`): a background save checks in
     its caller's thread, before handing over.
 
     Returns:
@@ -350,7 +350,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", trusted: bool =
         UnsafeCheckpointError: the file needs unpickling and ``trusted`` is False.
         DamagedCheckpointError: the file is a checkpoint that is not whole: empty, cut short, or with
             bytes changed (a :class:`CheckpointError`; found when the load fails: a change inside a
-            tensor loads without error, :func:`~ddp_utils.engine.checkpoint.check_integrity` finds it).
+            tensor loads without error, :func:`~ddp_utils.run.checkpoint.check_integrity` finds it).
         CheckpointError: not a torch checkpoint.
     """
     path = Path(path)

@@ -20,7 +20,7 @@ class Checkpointer:
     that is due the same bytes (a hard link, else a copy), each atomically: at once, or in a
     background thread (``background=True``: the caller goes on after the copy; :meth:`wait` for the
     files, and whether they landed). Call it on the process that writes (rank 0). When periodic saves
-    are due is the run's control's business (:class:`~ddp_utils.engine.control.StepControl`).
+    are due is the run's control's business (:class:`~ddp_utils.run.control.StepControl`).
 
     Args:
         save_dir: the run directory; files go to ``save_dir/weights``.
@@ -33,7 +33,8 @@ class Checkpointer:
         >>> import tempfile
         >>> import torch
         >>> from torch import nn
-        >>> from ddp_utils.engine import ModelEMA, TrainState, TrainStep
+        >>> from ddp_utils.engine import ModelEMA, TrainStep
+        >>> from ddp_utils.run import TrainState
         >>> model = nn.Linear(2, 1)
         >>> step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), None, ModelEMA(model), None)
         >>> ckpts = Checkpointer(tempfile.mkdtemp(), opt={"epochs": 3}, hyp={"lr0": 0.01}, save_period=1)
@@ -73,7 +74,7 @@ class Checkpointer:
         """Write where training stands to last.pt (and best.pt, epochN.pt when due).
 
         Args:
-            state: a :class:`~ddp_utils.engine.train_state.TrainState`: the epoch in progress and the batch it
+            state: a :class:`~ddp_utils.run.train_state.TrainState`: the epoch in progress and the batch it
                 reached (0: the epochs before it are done and validated; ``epochN.pt`` may then be due),
                 the best fitness, and the rest a resume needs. The checkpoint's ``epoch`` is the last
                 epoch done (``state.epoch - 1``), as YOLOv5's.

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from ddp_utils.engine import options as options_module
-from ddp_utils.engine.options import OptionError, batch_image_bytes, check_options, yolov5_option_notes
+from ddp_utils.run import options as options_module
+from ddp_utils.run.options import OptionError, batch_image_bytes, check_options, yolov5_option_notes
 from train import parse_opt
 
 

@@ -3,7 +3,7 @@
 With it, everything the next step depends on is in ``last.pt`` or follows from (seed, epoch, step,
 index): the data order, every augmentation, the multi-scale size, the warm-up and the LR schedule.
 Batches are counted globally (global batch ``k`` is the same images whatever the number of
-processes), so a run resumes with another number of processes. :mod:`ddp_utils.engine.resume` finds
+processes), so a run resumes with another number of processes. :mod:`ddp_utils.run.resume` finds
 and checks what to resume and puts it back.
 """
 
@@ -108,7 +108,7 @@ class TrainState:
 
         Args:
             last_opt_step: the step's ``last_opt_step`` (the accumulation phase carries over).
-            stopper: the :class:`~ddp_utils.engine.EarlyStopping` that just saw the epoch (its best fitness and epoch).
+            stopper: the :class:`~ddp_utils.run.EarlyStopping` that just saw the epoch (its best fitness and epoch).
             metrics: the validation's precision, recall, map50, map.
             val_loss: its (box, obj, cls) loss.
             maps: per-class mAP@0.5:0.95 (``--image-weights`` draws the next epochs by it), or None.

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_utils.engine.loggers import RESULTS_COLUMNS, ResultsLogger
-from ddp_utils.engine.trackers import Trackers
+from ddp_utils.run.loggers import RESULTS_COLUMNS, ResultsLogger
+from ddp_utils.run.trackers import Trackers
 
 PARAMS = {"opt": {"epochs": 3, "imgsz": 128, "freeze": [0]}, "hyp": {"lr0": 0.01, "box": 0.05}}
 
@@ -81,7 +81,7 @@ def test_a_process_that_ends_with_its_mlflow_run_open_ends_it_failed(mlflow_proj
     save_dir = project / "exp"
     save_dir.mkdir()
     code = (
-        "from pathlib import Path; from ddp_utils.engine.trackers import Trackers; "
+        "from pathlib import Path; from ddp_utils.run.trackers import Trackers; "
         f"t = Trackers(['mlflow'], Path({str(save_dir)!r}), Path({str(project)!r}), {{}}); t.log(0, {{'x': 1.0}}); "
         "raise RuntimeError('a finish step failed')"
     )

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_utils.engine import ResultsLogger, class_color, plot_images, plot_labels, plot_results, results_values
+from ddp_utils.run import ResultsLogger, class_color, plot_images, plot_labels, plot_results, results_values
 
 
 def assert_image(path, min_side=100):
@@ -88,8 +88,8 @@ def test_train_batch_rejects_a_wrong_layout(tmp_path):
 
 def test_writers_write_on_any_rank_the_caller_decides(tmp_path, monkeypatch):
     """No rank check hidden in a writer (YOLOv5's plots have none either): train.py calls them on rank 0."""
-    from ddp_utils.engine import build_checkpoint, load_checkpoint, save_checkpoint
-    from ddp_utils.engine.run_report import finish_run
+    from ddp_utils.run import build_checkpoint, load_checkpoint, save_checkpoint
+    from ddp_utils.run.report import finish_run
 
     metrics = {"precision": 0.5, "recall": 0.5, "map50": 0.5, "map": 0.25}
     model = torch.nn.Linear(2, 1)

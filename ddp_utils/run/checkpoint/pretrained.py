@@ -21,7 +21,7 @@ FOREIGN_KEY = "foreign"  # set in load_pretrained's dict when the file was YOLOv
 def yolov5_to_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a YOLOv5 checkpoint and return it in our checkpoint format (fp32, epoch -1: not resumable).
 
-    Besides the :data:`~ddp_utils.engine.CHECKPOINT_KEYS`, it has ``names`` (the class names)
+    Besides the :data:`~ddp_utils.run.CHECKPOINT_KEYS`, it has ``names`` (the class names)
     and ``converted_from`` (the source file).
 
     Raises:

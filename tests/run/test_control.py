@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddp_utils.engine import Action, StepControl, train_one_epoch
+from ddp_utils.engine import Action, train_one_epoch
+from ddp_utils.run import StepControl
 
 from ..multiproc import describe, launch, records
 

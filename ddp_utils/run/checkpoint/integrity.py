@@ -47,7 +47,7 @@ def check_integrity(path: str | Path) -> None:
     archive without its end (cut short), with an unreadable directory or record,
     or whose records do not match their CRC-32 (records saved with torch's ``compute_crc32`` off
     carry none and are not checked). A file that is no zip archive at all (text, a legacy torch
-    file) is not judged here: :func:`~ddp_utils.engine.checkpoint.load_checkpoint` says what it is.
+    file) is not judged here: :func:`~ddp_utils.run.checkpoint.load_checkpoint` says what it is.
 
     Raises:
         DamagedCheckpointError: the message names the file and what is wrong.

@@ -3,7 +3,7 @@
 Killed in the middle of a step, a run loses everything since its last checkpoint. With
 :class:`PreemptionHandler` the signal only sets a flag; every rank agrees on it with
 :meth:`PreemptionHandler.requested_anywhere` (a blocking all-reduce) or, in the training loop,
-through :class:`~ddp_utils.engine.control.StepControl`'s per-step all-reduce (read one step later,
+through :class:`~ddp_utils.run.control.StepControl`'s per-step all-reduce (read one step later,
 so the step never waits), rank 0 saves ``last.pt`` and all ranks leave the loop together and exit cleanly.
 
 A second delivery of the same signal gives it back its previous behaviour (for SIGTERM

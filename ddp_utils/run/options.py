@@ -25,12 +25,12 @@ import torch
 
 from ..data.download import DownloadError
 from ..distributed import DistEnvError, RankFailedError, exit_usage_error, stall_timeout_from_env
+from ..engine.cudnn import CUDNN_MODES
 from ..host import mem_available
 from ..log import LOGGER
 from ..progress import PROGRESS_MODES
 from ..yolo.foreign import ForeignCheckpointError
 from .checkpoint import CheckpointError
-from .cudnn import CUDNN_MODES
 from .signals import requeue_signal
 from .trackers import TRACKERS
 
@@ -137,7 +137,7 @@ def validate_options(opt: argparse.Namespace, world_size: int) -> None:
         >>> validate_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
         ...                  resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
         Traceback (most recent call last):
-        ddp_utils.engine.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
+        ddp_utils.run.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
     """
     if opt.batch_size < 1 and opt.batch_size != -1:
         raise OptionError(
@@ -187,7 +187,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
         >>> check_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
         ...               resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
         Traceback (most recent call last):
-        ddp_utils.engine.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
+        ddp_utils.run.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
     """
     validate_options(opt, world_size)
     stall_timeout_from_env()  # DDP_UTILS_STALL_TIMEOUT that is no number: one line naming it, before anything runs
@@ -347,7 +347,7 @@ def options_with(opt: argparse.Namespace, values: dict[str, Any], world_size: in
 
 
 def control_settings(opt: argparse.Namespace, is_main: bool) -> dict[str, Any]:
-    """The run's :class:`~ddp_utils.engine.control.StepControl` settings from its options: SIGTERM and Ctrl-C stop
+    """The run's :class:`~ddp_utils.run.control.StepControl` settings from its options: SIGTERM and Ctrl-C stop
     and save, ``--requeue-signal`` also requeues, ``--save-interval`` minutes between saves on rank 0's clock
     (none with ``--nosave``)."""
     requeue = requeue_signal(opt.requeue_signal)

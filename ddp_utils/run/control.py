@@ -3,7 +3,7 @@
 What a long run must react to arrives anywhere and at any time: a signal on one rank (a
 preemption, torchrun or SLURM shutting down, Ctrl-C), the save clock on rank 0, steps that went
 non-finite (:mod:`ddp_utils.engine.guard`). :class:`StepControl` owns all of it: the signal handler
-(:class:`~ddp_utils.engine.signals.PreemptionHandler`), the periodic-save clock, and one small
+(:class:`~ddp_utils.run.signals.PreemptionHandler`), the periodic-save clock, and one small
 all-reduce per step that carries the flags to every rank. The all-reduce is started each step and
 read at the next (it had a whole step to finish; a host tensor over gloo, so nothing waits for a
 GPU), so every rank learns of a request at the same step and acts at the same optimizer step, the
@@ -19,7 +19,6 @@ Without a process group the answers are this process's, at once.
 
 from __future__ import annotations
 
-import enum
 import signal
 import time
 from collections.abc import Callable
@@ -30,19 +29,12 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import all_reduce, any_rank, is_dist_initialized, reduce_tensor
-from .guard import IN_A_ROW, OVERFLOWS, SKIPPED, HostCounts
+from ..engine.guard import IN_A_ROW, OVERFLOWS, SKIPPED, HostCounts
+from ..engine.loop import Action
 from .signals import PreemptionHandler
 
 NONFINITE_LIMIT = 25  # optimizer steps skipped in a row that stop a run (fp16 overflows too: the scale halved 25 times)
 _STOP, _SAVE, _SKIPPED, _IN_A_ROW, _OVERFLOWS = range(5)  # the flags' places in the per-step all-reduce
-
-
-class Action(enum.Enum):
-    """What the loop does after a step."""
-
-    GO = "go"
-    SAVE = "save"
-    STOP = "stop"
 
 
 class StepControl:

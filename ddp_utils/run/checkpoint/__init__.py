@@ -19,7 +19,7 @@ and a file from the internet cannot run code on load. :func:`build_checkpoint` m
     opt            the run's options as a dict of plain values (Paths become str)
     hyp            the hyperparameter dict
     train_state    where training stands, so a resume continues at the next batch
-                   (:class:`~ddp_utils.engine.train_state.TrainState`'s dict), or None;
+                   (:class:`~ddp_utils.run.train_state.TrainState`'s dict), or None;
                    dropped by :func:`strip_optimizer`
     date           ISO 8601 time of saving (UTC)
     version        the ddp_utils version that wrote it
@@ -31,7 +31,7 @@ order, after the caller copied the state to host memory (:func:`to_host`). Readi
 :func:`load_checkpoint` (``weights_only``), :func:`load_pretrained` (ours, or YOLOv5's read
 without running its pickle). :func:`strip_optimizer` makes the final, smaller file.
 :class:`Checkpointer` owns a run's files (``last.pt``, ``best.pt``, ``epochN.pt``); what a resume
-reads back, and how, is in :mod:`ddp_utils.engine.resume`.
+reads back, and how, is in :mod:`ddp_utils.run.resume`.
 
 - ``format.py``: the keys, plain values (:func:`to_plain`, :func:`check_plain`), :func:`build_checkpoint`,
   :func:`to_host`; the errors.

@@ -18,11 +18,11 @@ from torch import nn
 from torch.utils.serialization import config as serialization_config
 
 from ddp_utils.distributed import DistInfo, launch_key
-from ddp_utils.engine import (
+from ddp_utils.engine import ModelEMA
+from ddp_utils.run import (
     Checkpointer,
     CheckpointError,
     DamagedCheckpointError,
-    ModelEMA,
     TrainState,
     UnsafeCheckpointError,
     check_integrity,
@@ -30,8 +30,8 @@ from ddp_utils.engine import (
     save_checkpoint,
     strip_optimizer,
 )
-from ddp_utils.engine.checkpoint import last_good_checkpoint
-from ddp_utils.engine.resume import find_resume
+from ddp_utils.run.checkpoint import last_good_checkpoint
+from ddp_utils.run.resume import find_resume
 
 
 def a_checkpoint_file(path: Path) -> dict:

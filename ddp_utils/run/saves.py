@@ -2,7 +2,7 @@
 
 - :meth:`RunSaves.save`: ``last.pt`` (``best.pt``, ``epochN.pt`` when due) of where training stands; at a batch of
   the epoch when given the epoch's stats so far (the ranks' running losses are gathered: a collective);
-- :meth:`RunSaves.periodic`: the mid-epoch save the run's :class:`~ddp_utils.engine.control.StepControl`
+- :meth:`RunSaves.periodic`: the mid-epoch save the run's :class:`~ddp_utils.run.control.StepControl`
   agreed on; its line ("saved ... at epoch E, batch B/N") comes from the writer once the file is whole on disk,
   never before (a write that fails says so instead, and no "saved");
 - :meth:`RunSaves.stop`: the stop's save, waited for until it is on disk, then one line saying where training
@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from ..distributed import DistInfo
+from ..engine.guard import TrainingDiverged
 from ..log import LOGGER
 from .checkpoint import Checkpointer
 from .control import StepControl
-from .guard import TrainingDiverged
-from .run import Training
 from .signals import requeue_job
 from .train_state import TrainState
+from .training import Training
 
 SAVE_PHASE_S = 600.0  # how long rank 0 may take over a save (a slow or remote disk) before it counts as stalled
 
@@ -35,7 +35,7 @@ class RunSaves:
     """Save a run where it stands, at an epoch's end, in the middle of one, or when it stops.
 
     Args:
-        checkpoints: the run's :class:`~ddp_utils.engine.checkpoint.Checkpointer` (used on rank 0 only).
+        checkpoints: the run's :class:`~ddp_utils.run.checkpoint.Checkpointer` (used on rank 0 only).
         control: the run's control; every save restarts its clock.
         info: this process in the job.
         watchdog: the run's :class:`~ddp_utils.distributed.StallWatchdog`: rank 0's saves are a phase of their own
@@ -112,7 +112,7 @@ class RunSaves:
 
         Raises:
             TrainingDiverged: the run stopped because its steps stayed non-finite, or an epoch skipped most of them
-                (:attr:`~ddp_utils.engine.control.StepControl.diverging`); the message says what last.pt holds.
+                (:attr:`~ddp_utils.run.control.StepControl.diverging`); the message says what last.pt holds.
         """
         state = self.save(fit, stats) if stats is not None else fit.state
         with self._saving():

@@ -1,8 +1,8 @@
 """Continuing a run: finding what to resume, checking it, and putting it back.
 
-- :class:`~ddp_utils.engine.train_state.TrainState` (in ``train_state.py``): where training stands beyond
+- :class:`~ddp_utils.run.train_state.TrainState` (in ``train_state.py``): where training stands beyond
   the weights, optimizer, EMA and scaler, to the batch.
-- :class:`~ddp_utils.engine.checkpoint.Checkpointer` (in ``checkpoint/``) writes it: a run's
+- :class:`~ddp_utils.run.checkpoint.Checkpointer` (in ``checkpoint/``) writes it: a run's
   ``weights/last.pt``, ``best.pt`` and ``epochN.pt``.
 - :func:`find_resume` (find and check, before anything is written: rank 0 decides, every rank
   follows) and :func:`restore_training` (put the state back).

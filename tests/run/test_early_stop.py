@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from ddp_utils.engine import EarlyStopping
+from ddp_utils.run import EarlyStopping
 
 
 def run(stopper, fitnesses):
