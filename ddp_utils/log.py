@@ -19,18 +19,37 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 LOGGER_NAME = "ddp_utils"
 LOGGER = logging.getLogger(LOGGER_NAME)
 VERBOSE_ENV = "DDP_UTILS_VERBOSE"  # "0", "false", "no" or "off": INFO stays quiet unless set_logging says otherwise
 
 
+_rank_source: Callable[[], int] | None = None  # ddp_utils.distributed.env gives its env_rank when imported
+
+
+def set_rank_source(source: Callable[[], int] | None) -> None:
+    """Where the logger asks for the launcher's global rank until :func:`set_logging` fixes one.
+
+    :mod:`ddp_utils.distributed.env`, the one module that reads launcher variables, hands in its
+    :func:`~ddp_utils.distributed.env_rank` when it is imported (importing ``ddp_utils`` imports it), so this
+    bottom module imports nothing of the package; without a source every process logs as a single one (-1).
+
+    Examples:
+        >>> from ddp_utils.log import set_rank_source, _rank_from_env
+        >>> from ddp_utils.distributed import env_rank
+        >>> set_rank_source(lambda: 3); _rank_from_env()
+        3
+        >>> set_rank_source(env_rank)
+    """
+    global _rank_source
+    _rank_source = source
+
+
 def _rank_from_env() -> int:
     """The launcher's global rank, -1 for a single process; read when a line is logged, never at import."""
-    # imported here: ddp_utils.distributed imports LOGGER from this module
-    from .distributed.env import env_rank
-
-    return env_rank()
+    return _rank_source() if _rank_source is not None else -1
 
 
 def _verbose_from_env() -> bool:

@@ -1,5 +1,6 @@
-"""The house rules the code can check itself: no import circle between files, train.py in labelled stages
-of short functions, no module ``__getattr__``, nothing below cli/ importing it.
+"""The house rules the code can check itself: no import circle between files, every import pointing down the
+floors (DESIGN.md: the step in engine/, the run above it in run/, evolve/ on the run, cli/ on top), train.py in
+labelled stages of short functions, no module ``__getattr__``, nothing below cli/ importing it.
 
 train.py stays a story a reader holds at once (at most 280 lines, each function on a screen: 60 lines) and a
 module at most 450 lines: when a cap is near, the code is telling that a piece wants a module of its own
@@ -17,6 +18,23 @@ TRAIN = PACKAGE.parent / "train.py"
 MAX_TRAIN_FUNCTION_LINES = 60
 MAX_TRAIN_LINES = 280
 MAX_MODULE_LINES = 450
+
+# The rooms of the package (a top-level module or folder), floor by floor: a room imports only rooms on lower
+# floors. "ddp_utils" is the package's face (its __init__.py, which re-exports the public names).
+FLOORS = {
+    1: {"log", "files", "yamls", "boxes", "host", "progress"},  # the bottom: imports nothing of the package
+    2: {"distributed", "hyp", "downloads"},
+    3: {"seed", "device"},
+    4: {"data", "yolo", "profiling"},  # data/ never imports yolo/ (the same floor)
+    5: {"engine"},  # the step
+    6: {"run"},  # the run around the step
+    7: {"evolve"},  # many runs
+    8: {"ddp_utils"},
+    9: {"cli"},  # the commands, over the face
+    10: {"__main__"},  # python -m ddp_utils: names the commands
+}
+# The one arrow up, lazy: a checkpoint records the version, written once in the face (pyproject.toml reads it there)
+UPWARD_EXCEPTIONS = {("ddp_utils.run.checkpoint.format", "ddp_utils")}
 
 
 def modules() -> dict[str, Path]:
@@ -106,6 +124,41 @@ def test_the_graph_sees_the_imports_it_should():
 
 def test_no_import_circle_between_files():
     assert cycles(import_graph()) == []
+
+
+def room_of(module: str) -> str:
+    """``ddp_utils.run.checkpoint.files`` -> ``run``; the package's face is ``ddp_utils``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_import_points_down_the_floors():
+    floor = {room: number for number, rooms in FLOORS.items() for room in rooms}
+    graph = import_graph()
+    assert {room_of(name) for name in graph} == set(floor), "a room without a floor: add it to FLOORS"
+    upward = sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if room_of(name) != room_of(target)
+        and floor[room_of(target)] >= floor[room_of(name)]
+        and (name, target) not in UPWARD_EXCEPTIONS
+    )
+    assert upward == [], f"imports that point up or across a floor: {upward}"
+
+
+def test_the_step_knows_nothing_of_the_run():
+    """engine/ computes a step: no file, signal or option of the run reaches it (DESIGN.md)."""
+    step_modules = {name: path for name, path in modules().items() if room_of(name) == "engine"}
+    run_modules = r"(?:signal|argparse|os|pathlib|shutil|tempfile)"  # signals, options, files, the environment
+    imports = re.compile(rf"^\s*(?:import {run_modules}\b|from {run_modules} import)", re.M)
+    reads_or_writes = re.compile(r"\bopen\(|torch\.(?:save|load)\(|environ")
+    offenders = [
+        name
+        for name, path in step_modules.items()
+        if imports.search(code := path.read_text()) or reads_or_writes.search(code)
+    ]
+    assert offenders == []
 
 
 def test_nothing_below_cli_imports_it():

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..log import set_rank_source
+
 
 class DistEnvError(RuntimeError):
     """The environment describes a distributed job that cannot be started as written."""
@@ -283,3 +285,6 @@ def env_rank(environ: Mapping[str, str] | None = None) -> int:
         return dist_info(environ).rank
     except DistEnvError:
         return -1
+
+
+set_rank_source(env_rank)  # the logger's ranks before set_logging: read here, the one reader of launcher variables

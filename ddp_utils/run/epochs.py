@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import yolo
 from ..distributed import DistInfo, any_rank, reduce_tensor
 from ..log import LOGGER
+from ..yolo.metrics import class_maps, fitness
 from .early_stop import is_new_best
 from .loggers import results_values
 from .records import Records
@@ -45,8 +45,8 @@ def end_epoch(
     lrs = [group["lr"] for group in step.optimizer.param_groups]  # the epoch's, before the schedule steps
     train_loss = reduce_tensor(stats.loss, op="mean").cpu()
     fit.scheduler.step()
-    stop = any_rank(bool(records.stopper(epoch, yolo.fitness(metrics))))
-    best = is_new_best(yolo.fitness(metrics), fit.state.best_fitness, control.epoch_skipped)
+    stop = any_rank(bool(records.stopper(epoch, fitness(metrics))))
+    best = is_new_best(fitness(metrics), fit.state.best_fitness, control.epoch_skipped)
     fit.state = fit.state.epoch_done(
         step.last_opt_step, records.stopper, metrics, val_loss, _class_maps(run, fit, metrics), control.skipped
     )
@@ -62,7 +62,7 @@ def end_epoch(
 def _class_maps(run: Run, fit: Training, metrics: Any) -> Any:
     """Each class's mAP@0.5:0.95 from this validation (``--image-weights`` draws by it), else the last one's
     (``--noval`` repeats the last metrics, which carry no per-class table)."""
-    return yolo.class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
+    return class_maps(metrics, run.nc) if hasattr(metrics, "classes") else fit.state.last_val.get("maps")
 
 
 def finish_training(run: Run, fit: Training, records: Records, info: DistInfo) -> str | None:

@@ -15,11 +15,11 @@ from typing import Any
 from ..distributed import DistInfo, StallWatchdog
 from ..engine.amp import compute_words
 from ..log import LOGGER
-from .options import control_settings
 from .checkpoint import Checkpointer
 from .control import StepControl
 from .early_stop import EarlyStopping
 from .loggers import ResultsLogger
+from .options import control_settings
 from .plots import plot_labels
 from .saves import RunSaves
 from .start import Run
@@ -105,9 +105,7 @@ def open_records(run: Run, fit: Training, info: DistInfo, stopper: Any = None) -
         stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
     checkpoints = Checkpointer(run.save_dir, run.options(), run.hyp, run.opt.save_period, background=True)
     watchdog = StallWatchdog()  # its timeout was checked with the options
-    control = StepControl(
-        **control_settings(run.opt, info.is_main), watchdog=watchdog, skipped=fit.state.skipped
-    )
+    control = StepControl(**control_settings(run.opt, info.is_main), watchdog=watchdog, skipped=fit.state.skipped)
     LOGGER.info(summary_line(run, info.world_size, fit.step.accumulate, len(fit.train_loader.dataset)))
     saves = RunSaves(checkpoints, control, info, watchdog, says_resume=not getattr(stopper, "requeues_on_stop", False))
     return Records(logger, stopper, saves, control, watchdog)

@@ -4,7 +4,7 @@ one order that works.
 The order is the point of this module; each rule is a named step, each docstring says what breaks otherwise:
 
 1. :func:`prepare_model`: channels_last and the head's class biases, on the bare model, before anything copies
-   it or keeps its parameters (the optimizer's groups and state, the EMA's copy, DDP's buckets).
+   it or lays itself out after it (the EMA's copy, DDP's gradient buckets).
 2. the optimizer, the EMA and the loss scaler, then :func:`~ddp_utils.run.resume.start_state`: a resumed run's
    weights, optimizer, EMA and scaler are put back here, on the bare model, before the wrappers.
 3. :func:`wrap_for_ranks`: SyncBatchNorm, DDP (its construction broadcasts rank 0's weights: the restored ones),
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import yolo
 from ..data.class_weights import class_frequency
 from ..data.loader import EpochLoader
 from ..distributed import DistInfo
@@ -32,6 +31,7 @@ from ..engine.loop import TrainStep
 from ..engine.memory_format import to_channels_last
 from ..engine.optim_setup import OptimizerSetup, optimizer_from_hyp
 from ..engine.wrap import wrap_model
+from ..yolo.loss import ComputeLoss, scale_loss_gains
 from .resume import gather_losses, start_state
 from .start import Run
 from .train_state import TrainState
@@ -92,8 +92,8 @@ def build_training(run: Run, model: nn.Module, device: torch.device, info: DistI
     scaler = torch.amp.GradScaler("cuda", enabled=run.amp == "fp16")  # bf16 needs no loss scaling
     state = start_state(run.resume, model, optim.optimizer, ema, scaler, len(train_loader), run.batch_size)
     optim.scheduler.last_epoch = state.epoch - 1  # the schedule follows the epoch (lr from the optimizer's state)
-    gains = yolo.scale_loss_gains(run.hyp, model.model[-1].nl, run.nc, run.imgsz, run.opt.label_smoothing)
-    compute_loss = yolo.ComputeLoss(model, gains, across_ranks=True)  # normalised over the global batch
+    gains = scale_loss_gains(run.hyp, model.model[-1].nl, run.nc, run.imgsz, run.opt.label_smoothing)
+    compute_loss = ComputeLoss(model, gains, across_ranks=True)  # normalised over the global batch
     if run.channels_last:  # the EMA's copy computes as the model does (validation, the saved weights)
         to_channels_last(ema.ema)
     model = wrap_for_ranks(run, model, device, info)
@@ -105,9 +105,9 @@ def prepare_model(run: Run, model: nn.Module, labels: list) -> None:
     """The bare model made ready to train: channels_last where the run computes so (:attr:`Run.channels_last`),
     and a new run's class biases from the label counts (YOLOv5's ``initialize_biases``).
 
-    First of all: the optimizer's state and DDP's gradient buckets are laid out like the parameters when they
-    are made, and the EMA copies the model as it stands, so a conversion after them would leave each with the
-    other layout (or the other biases).
+    First of all: the EMA copies the model as it stands and DDP lays its gradient buckets out like the parameters
+    when it is built, so a conversion after them would leave the copy, or the buckets, in the other layout (the
+    copy with the other biases); the optimizer keeps the same parameter objects (converted in place) either way.
     """
     if run.channels_last:
         to_channels_last(model)
