@@ -34,9 +34,8 @@ from .log import LOGGER, set_logging
 from .profiling import FlopsReport, flops, format_table, model_info, profile
 from .run import EarlyStopping, increment_path, strip_optimizer, yaml_save
 from .seed import init_seeds, init_torch_seeds, loader_generator, rank_seed, seed_worker, set_cudnn_mode, worker_seed
+from .version import __version__  # written once, in version.py: pyproject.toml reads it there; CHANGELOG.md
 from .yolo import ComputeLoss, Model, evaluate, fitness, non_max_suppression, scale_boxes
-
-__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it; CHANGELOG.md
 
 __all__ = [
     "EarlyStopping",

@@ -1,4 +1,5 @@
-"""The version users install and cite: written once (``ddp_utils.__version__``), read by the build, in the changelog."""
+"""The version users install and cite: written once (``ddp_utils/version.py``, re-exported as
+``ddp_utils.__version__``), read by the build without importing the package, in the changelog."""
 
 from __future__ import annotations
 
@@ -22,12 +23,14 @@ def test_the_version_is_a_release_number_written_once():
     project = pyproject[pyproject.index("[project]\n") :].split("\n[", 1)[0]
     assert re.search(r'^dynamic = \["version"\]', project, re.M)
     assert not re.search(r"^version\s*=", project, re.M), "a second version in pyproject.toml's [project]"
-    assert 'version = { attr = "ddp_utils.__version__" }' in pyproject
+    assert 'version = { attr = "ddp_utils.version.__version__" }' in pyproject
+    written = [p for p in (REPO_ROOT / "ddp_utils").rglob("*.py") if re.search(r"^__version__ = ", p.read_text(), re.M)]
+    assert written == [REPO_ROOT / "ddp_utils" / "version.py"], written
 
 
 def test_the_build_reads_the_packages_version():
     expand = pytest.importorskip("setuptools.config.expand")  # what setuptools does with the dynamic version
-    assert expand.read_attr("ddp_utils.__version__", root_dir=str(REPO_ROOT)) == ddp_utils.__version__
+    assert expand.read_attr("ddp_utils.version.__version__", root_dir=str(REPO_ROOT)) == ddp_utils.__version__
 
 
 def test_the_changelog_names_this_version_as_the_latest_release():

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ...distributed.parallel import de_parallel
+from ...version import __version__
 
 CHECKPOINT_KEYS = (
     "model",
@@ -139,8 +140,6 @@ def build_checkpoint(
         >>> sorted(ckpt) == sorted(CHECKPOINT_KEYS), ckpt["epoch"], list(ckpt["model"])
         (True, 4, ['weight', 'bias'])
     """
-    from ... import __version__  # lazy: the package imports engine
-
     model = de_parallel(model)
     if model_cfg is None:
         model_cfg = getattr(model, "yaml", None)
