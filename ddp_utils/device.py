@@ -146,6 +146,37 @@ def _check_gpus_per_node(device: str | int | torch.device | None, n_gpu: int, in
         )
 
 
+def _cuda_devices(
+    device: str | int | torch.device | None,
+    indices: tuple[int, ...],
+    batch_size: int | None,
+    info: DistInfo,
+    there: str,
+) -> list[torch.device]:
+    """The CUDA devices of a request, checked: a GPU request has the most ways to be wrong, each with its message."""
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            f"device {device!r} requested but CUDA is not available (torch {torch.__version__}, "
+            f"{torch.cuda.device_count()} CUDA devices); devices here: {there}. Use --device cpu"
+        )
+    count = torch.cuda.device_count()
+    missing = [i for i in indices if i >= count]
+    if missing:
+        raise DeviceError(f"device {device!r} requested but cuda:{missing[0]} is not there; devices here: {there}")
+    n_gpu = len(indices)
+    if info.distributed:
+        _check_gpus_per_node(device, n_gpu, info)
+    if batch_size is not None and n_gpu > 1 and batch_size % n_gpu:
+        raise DeviceError(
+            f"batch size {batch_size} does not divide by the {n_gpu} GPUs requested ({device!r}): "
+            f"use a multiple of {n_gpu}"
+        )
+    chosen = [torch.device("cuda", i) for i in _make_visible(indices)]
+    if info.distributed:
+        chosen = [chosen[info.local_rank]]
+    return chosen
+
+
 def select_device(
     device: str | int | torch.device | None = "", batch_size: int | None = None, newline: bool = True
 ) -> torch.device:
@@ -198,26 +229,7 @@ def select_device(
             raise DeviceError(f"device 'mps' requested but MPS is not available; devices here: {there}")
         chosen = [torch.device("mps")]
     else:
-        if not torch.cuda.is_available():
-            raise DeviceError(
-                f"device {device!r} requested but CUDA is not available (torch {torch.__version__}, "
-                f"{torch.cuda.device_count()} CUDA devices); devices here: {there}. Use --device cpu"
-            )
-        count = torch.cuda.device_count()
-        missing = [i for i in request.indices if i >= count]
-        if missing:
-            raise DeviceError(f"device {device!r} requested but cuda:{missing[0]} is not there; devices here: {there}")
-        n_gpu = len(request.indices)
-        if info.distributed:
-            _check_gpus_per_node(device, n_gpu, info)
-        if batch_size is not None and n_gpu > 1 and batch_size % n_gpu:
-            raise DeviceError(
-                f"batch size {batch_size} does not divide by the {n_gpu} GPUs requested ({device!r}): "
-                f"use a multiple of {n_gpu}"
-            )
-        chosen = [torch.device("cuda", i) for i in _make_visible(request.indices)]
-        if info.distributed:
-            chosen = [chosen[info.local_rank]]
+        chosen = _cuda_devices(device, request.indices, batch_size, info, there)
 
     if info.is_main and not _summary_logged:
         LOGGER.info(device_summary(chosen))

@@ -206,12 +206,7 @@ class SharedImageCache:
             return None
         _remove_orphans(directories, prefix)
         need = cache.nbytes
-        available = mem_available()
-        if available is not None and need * _HEADROOM > available:
-            LOGGER.warning(
-                f"{prefix}not caching images in RAM: {need / 2**30:.2f} GiB needed, "
-                f"{available / 2**30:.2f} GiB available"
-            )
+        if not _fits_in_ram(need, prefix):
             return None
         directory = _pick_directory(need, prefix)
         if directory is None:
@@ -271,6 +266,17 @@ def _remove_orphans(directories: Sequence[Path], prefix: str) -> None:
                 pass
     if removed:
         LOGGER.info(f"{prefix}removed {removed} image cache buffer(s) left by jobs that are gone")
+
+
+def _fits_in_ram(need: int, prefix: str) -> bool:
+    """Whether RAM holds the buffer with headroom: no cache beats a node pushed into swap or the OOM killer."""
+    available = mem_available()
+    if available is not None and need * _HEADROOM > available:
+        LOGGER.warning(
+            f"{prefix}not caching images in RAM: {need / 2**30:.2f} GiB needed, {available / 2**30:.2f} GiB available"
+        )
+        return False
+    return True
 
 
 def _pick_directory(need: int, prefix: str) -> Path | None:

@@ -346,6 +346,25 @@ def _report(messages: list[str], level: int, limit: int = 30) -> None:
         LOGGER.log(level, f"... and {len(messages) - limit} more problems (LabelSet.messages has them all)")
 
 
+def _log_result(result: dict, n_images: int, cache_path: Path, files_hash: str, loaded: bool, prefix: str) -> None:
+    """The log of a load, apart from load_labels: who warns and who stays quiet is a policy of its own."""
+    counts, messages = result["counts"], result["messages"]
+    # The process that scanned warns; processes reading its cache (the other ranks of a
+    # node, later runs) repeat the list at INFO, which only the main process shows. Every node's
+    # first process scans its own copy of the data: only global rank 0's list warns, so a job's
+    # log names each problem once, not once per node (LabelSet.messages has every node's). Within a
+    # process the list is given once: a val split of train's images (coco128's) does not repeat it.
+    if (str(cache_path), files_hash) not in _REPORTED:
+        _report(messages, logging.WARNING if not loaded and is_main_process() else logging.INFO)
+        _REPORTED.add((str(cache_path), files_hash))
+    source = "cache" if loaded else "scan"
+    LOGGER.info(
+        f"{prefix}{n_images} images ({source} {cache_path}): {counts['found']} found, "
+        f"{counts['missing']} missing, {counts['empty']} empty, {counts['corrupt']} corrupt, "
+        f"{counts['duplicates']} duplicate rows removed"
+    )
+
+
 def load_labels(
     im_files: Sequence[str],
     cache_path: str | Path | None = None,
@@ -386,21 +405,7 @@ def load_labels(
         result["hash"] = files_hash
         written = _write_cache(cache_path, result)
 
-    counts, messages = result["counts"], result["messages"]
-    # The process that scanned warns; processes reading its cache (the other ranks of a
-    # node, later runs) repeat the list at INFO, which only the main process shows. Every node's
-    # first process scans its own copy of the data: only global rank 0's list warns, so a job's
-    # log names each problem once, not once per node (LabelSet.messages has every node's). Within a
-    # process the list is given once: a val split of train's images (coco128's) does not repeat it.
-    if (str(cache_path), files_hash) not in _REPORTED:
-        _report(messages, logging.WARNING if not loaded and is_main_process() else logging.INFO)
-        _REPORTED.add((str(cache_path), files_hash))
-    source = "cache" if loaded else "scan"
-    LOGGER.info(
-        f"{prefix}{len(im_files)} images ({source} {cache_path}): {counts['found']} found, "
-        f"{counts['missing']} missing, {counts['empty']} empty, {counts['corrupt']} corrupt, "
-        f"{counts['duplicates']} duplicate rows removed"
-    )
+    _log_result(result, len(im_files), cache_path, files_hash, loaded, prefix)
     if not result["im_files"]:
         raise FileNotFoundError(f"{prefix}no usable images among {len(im_files)} under {cache_path.parent}")
     return LabelSet(
@@ -409,8 +414,8 @@ def load_labels(
         labels=list(result["labels"]),
         shapes=np.asarray(result["shapes"], np.int64).reshape(-1, 2),
         segments=[list(s) for s in result["segments"]],
-        counts=dict(counts),
-        messages=list(messages),
+        counts=dict(result["counts"]),
+        messages=list(result["messages"]),
         cache_path=cache_path,
         cache_loaded=loaded,
         cache_written=written,

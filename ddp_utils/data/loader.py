@@ -323,6 +323,25 @@ def _build(  # noqa: PLR0913 (the two public builders' arguments, passed on)
     return loader, dataset
 
 
+def _checked_shuffle(
+    augment_on: str, quad: bool, rect: bool, shuffle: bool, image_weights: bool, rank: int, prefix: str
+) -> bool:
+    """Refuse the options that cannot go together before any work; returns ``shuffle``, off with ``rect``."""
+    if augment_on not in ("workers", "device"):
+        raise ValueError(f"{prefix}augment_on={augment_on!r}: 'workers' or 'device'")
+    if augment_on == "device" and quad:
+        raise ValueError(f"{prefix}quad=True makes its batches in the workers: use augment_on='workers'")
+    if rect and shuffle:
+        LOGGER.warning(f"{prefix}rect=True is incompatible with shuffle: shuffle turned off")
+        shuffle = False
+    if image_weights and rank != -1:
+        raise ValueError(
+            f"{prefix}image_weights=True is not supported with DDP (rank {rank}): "
+            "each rank would draw its own weighted sample; train without image weights"
+        )
+    return shuffle
+
+
 def create_dataloader(
     path: str | Path | Sequence[str | Path],
     imgsz: int,
@@ -372,18 +391,7 @@ def create_dataloader(
     Returns:
         (loader, dataset): call ``loader.set_epoch(epoch)`` before each epoch.
     """
-    if augment_on not in ("workers", "device"):
-        raise ValueError(f"{prefix}augment_on={augment_on!r}: 'workers' or 'device'")
-    if augment_on == "device" and quad:
-        raise ValueError(f"{prefix}quad=True makes its batches in the workers: use augment_on='workers'")
-    if rect and shuffle:
-        LOGGER.warning(f"{prefix}rect=True is incompatible with shuffle: shuffle turned off")
-        shuffle = False
-    if image_weights and rank != -1:
-        raise ValueError(
-            f"{prefix}image_weights=True is not supported with DDP (rank {rank}): "
-            "each rank would draw its own weighted sample; train without image weights"
-        )
+    shuffle = _checked_shuffle(augment_on, quad, rect, shuffle, image_weights, rank, prefix)
     collate = YoloDataset.collate_fn4 if quad else YoloDataset.collate_fn
     dataset_kwargs = dict(augment=augment, hyp=hyp, rect=rect, image_weights=image_weights, cache=cache, pad=pad)
     where = (path, imgsz, batch_size, stride, rank, workers, prefix)

@@ -107,6 +107,25 @@ def _draw_image(
     return img, lines
 
 
+def _write_dataset(
+    tmp: Path, n_train: int, n_val: int, size: tuple[int, int], seed: int, classes: Sequence[str], max_objects: int
+) -> None:
+    """Both splits and the manifest into ``tmp``: the content, apart from make_shapes_dataset's safe renaming."""
+    for split_id, (split, count) in enumerate(zip(_SPLITS, (n_train, n_val))):
+        (tmp / "images" / split).mkdir(parents=True)
+        (tmp / "labels" / split).mkdir(parents=True)
+        for i in range(count):
+            rng = np.random.default_rng(np.random.SeedSequence([seed, split_id, i]))
+            img, lines = _draw_image(rng, size, classes, max_objects)
+            ok, jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+            if not ok:
+                raise RuntimeError(f"{tmp}: OpenCV could not encode image {i} of {split}")
+            (tmp / "images" / split / f"{i:06d}.jpg").write_bytes(jpeg.tobytes())
+            (tmp / "labels" / split / f"{i:06d}.txt").write_text("\n".join(lines) + "\n")
+    manifest = {"n_train": n_train, "n_val": n_val, "size": list(size), "seed": seed, "classes": list(classes)}
+    (tmp / "shapes.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
 def make_shapes_dataset(
     root: str | Path,
     n_train: int,
@@ -153,19 +172,7 @@ def make_shapes_dataset(
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = root.parent / f".{root.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        for split_id, (split, count) in enumerate(zip(_SPLITS, (n_train, n_val))):
-            (tmp / "images" / split).mkdir(parents=True)
-            (tmp / "labels" / split).mkdir(parents=True)
-            for i in range(count):
-                rng = np.random.default_rng(np.random.SeedSequence([seed, split_id, i]))
-                img, lines = _draw_image(rng, size, classes, max_objects)
-                ok, jpeg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
-                if not ok:
-                    raise RuntimeError(f"{tmp}: OpenCV could not encode image {i} of {split}")
-                (tmp / "images" / split / f"{i:06d}.jpg").write_bytes(jpeg.tobytes())
-                (tmp / "labels" / split / f"{i:06d}.txt").write_text("\n".join(lines) + "\n")
-        manifest = {"n_train": n_train, "n_val": n_val, "size": list(size), "seed": seed, "classes": list(classes)}
-        (tmp / "shapes.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        _write_dataset(tmp, n_train, n_val, size, seed, classes, max_objects)
         if root.is_dir():
             root.rmdir()  # empty, checked above
         os.rename(tmp, root)

@@ -142,10 +142,7 @@ def init_distributed(
         return info
     device = _resolve_device(device, backend, info)
     backend = backend or default_backend(device)
-    if timeout is None:
-        timeout = _timeout_from_env()
-    elif not isinstance(timeout, timedelta):
-        timeout = timedelta(seconds=float(timeout))
+    timeout = _as_timeout(timeout)
     if init_method == "env://":
         _export_env_for_env_init(info)
     elif not init_method.startswith(("tcp://", "file://")):
@@ -153,6 +150,25 @@ def init_distributed(
     _bind_device(device, backend, info)
     # A failed NCCL collective must abort the process rather than hang until the timeout.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    _join_group(backend, init_method, timeout, info)
+    LOGGER.info(
+        f"process group: {backend} on {device.type}, world size {info.world_size}, "
+        f"{info.world_size // max(info.local_world_size, 1)} node(s), via {info.source}"
+    )
+    return info
+
+
+def _as_timeout(timeout: timedelta | float | None) -> timedelta:
+    """init_distributed's ``timeout`` as torch wants it: a timedelta, from seconds or DDP_UTILS_DIST_TIMEOUT."""
+    if timeout is None:
+        return _timeout_from_env()
+    if not isinstance(timeout, timedelta):
+        return timedelta(seconds=float(timeout))
+    return timeout
+
+
+def _join_group(backend: str, init_method: str, timeout: timedelta, info: DistInfo) -> None:
+    """The rendezvous itself: torchrun's agent store when there is one (see _attempt_store), else ``init_method``."""
     store = _attempt_store(info, timeout) if init_method == "env://" else None
     dist.init_process_group(
         backend=backend,
@@ -162,11 +178,6 @@ def init_distributed(
         world_size=info.world_size,
         timeout=timeout,
     )
-    LOGGER.info(
-        f"process group: {backend} on {device.type}, world size {info.world_size}, "
-        f"{info.world_size // max(info.local_world_size, 1)} node(s), via {info.source}"
-    )
-    return info
 
 
 def _resolve_device(device: torch.device | str | None, backend: str | None, info: DistInfo) -> torch.device:

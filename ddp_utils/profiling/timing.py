@@ -167,33 +167,45 @@ def profile(
                 fn = copy.deepcopy(op).to(dev) if isinstance(op, nn.Module) else op
                 dtype = param_device_dtype(fn)[1] if isinstance(fn, nn.Module) else None
                 xd = _on_device(x, dev, dtype)
-                row = {
-                    "op": _op_name(op),
-                    "device": str(dev),
-                    "parameters": sum(p.numel() for p in fn.parameters()) if isinstance(fn, nn.Module) else 0,
-                    "gflops": None,
-                    "flops_counter": None,
-                    "memory_gb": None,
-                    "forward_ms": None,
-                    "backward_ms": None,
-                    "input_shape": tuple(xd.shape),
-                    "output_shape": None,
-                    "error": None,
-                }
+                row = _blank_row(op, dev, fn, xd)
                 if not counted:
                     gflops, counter = _row_flops(fn, xd)
                     counted = True
                 row.update(gflops=gflops, flops_counter=counter)
-                try:
-                    row.update(_time_op(fn, xd, n, dev))
-                except Exception as e:  # one op failing (e.g. out of memory) still gives the other rows
-                    row["error"] = f"{type(e).__name__}: {e}"
-                    LOGGER.warning(f"profile: {row['op']} on {dev} with input {row['input_shape']}: {row['error']}")
+                _time_row(row, fn, xd, n, dev)
                 rows.append(row)
                 del fn, xd
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
     return rows
+
+
+def _blank_row(
+    op: nn.Module | Callable, dev: torch.device, fn: nn.Module | Callable, x: torch.Tensor
+) -> dict[str, Any]:
+    """A row with every key set before anything can fail, so a failed op's row has the same keys as the others."""
+    return {
+        "op": _op_name(op),
+        "device": str(dev),
+        "parameters": sum(p.numel() for p in fn.parameters()) if isinstance(fn, nn.Module) else 0,
+        "gflops": None,
+        "flops_counter": None,
+        "memory_gb": None,
+        "forward_ms": None,
+        "backward_ms": None,
+        "input_shape": tuple(x.shape),
+        "output_shape": None,
+        "error": None,
+    }
+
+
+def _time_row(row: dict[str, Any], fn: nn.Module | Callable, x: torch.Tensor, n: int, dev: torch.device) -> None:
+    """Time ``fn`` into ``row``; a failure becomes the row's error, so profile's loop goes on to the next row."""
+    try:
+        row.update(_time_op(fn, x, n, dev))
+    except Exception as e:  # one op failing (e.g. out of memory) still gives the other rows
+        row["error"] = f"{type(e).__name__}: {e}"
+        LOGGER.warning(f"profile: {row['op']} on {dev} with input {row['input_shape']}: {row['error']}")
 
 
 def _row_flops(fn: nn.Module | Callable, x: torch.Tensor) -> tuple[float | None, str | None]:
