@@ -139,8 +139,6 @@ def build_checkpoint(
         >>> sorted(ckpt) == sorted(CHECKPOINT_KEYS), ckpt["epoch"], list(ckpt["model"])
         (True, 4, ['weight', 'bias'])
     """
-    from ... import __version__  # lazy: the package imports engine
-
     model = de_parallel(model)
     if model_cfg is None:
         model_cfg = getattr(model, "yaml", None)
@@ -156,9 +154,15 @@ def build_checkpoint(
         "opt": to_plain(opt) if opt is not None else {},
         "hyp": to_plain(hyp) if hyp is not None else {},
         "train_state": to_host(dict(train_state)) if train_state is not None else None,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "version": __version__,
+        **_stamp(),
     }
+
+
+def _stamp() -> dict[str, str]:
+    """When, and by which ddp_utils version, a checkpoint was built: the last two keys of every checkpoint."""
+    from ... import __version__  # lazy: the package imports engine
+
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__}
 
 
 def to_host(obj: Any) -> Any:
