@@ -113,13 +113,7 @@ def train_mode(
     if amp is not None and amp not in AMP_DTYPES:
         raise ValueError(f"--amp {amp}: choose one of {', '.join(AMP_DTYPES)}")
     if device.type != "cpu":
-        amp = amp or ("fp16" if device.type == "cuda" else "off")
-        if amp == "bf16" and device.type == "cuda" and not _native_bf16():
-            LOGGER.warning(
-                f"--amp bf16: {device} has no native bf16 (it is emulated, slower than fp32); use --amp fp16 there"
-            )
-        layout = use_channels_last(device) if channels_last is None else channels_last
-        return TrainMode(amp, layout, f"{device}: amp {amp}, {'channels_last' if layout else 'NCHW'}")
+        return _accelerator_mode(amp, device, channels_last)
     if amp == "fp16":
         raise ValueError("--amp fp16 needs a CUDA device: use --amp bf16 or --amp off on the CPU")
     flags = cpu_flags() if flags is None else frozenset(flags)
@@ -141,6 +135,17 @@ def train_mode(
             "convolutions, about 9x slower than fp32 (docs/cpu.md); leave --amp out for the CPU's fastest mode"
         )
     return TrainMode(amp, layout, f"CPU: --amp bf16: bf16 autocast ({_native_words(native)}), {_layout(layout)}")
+
+
+def _accelerator_mode(amp: str | None, device: torch.device, channels_last: bool | None) -> TrainMode:
+    """:func:`train_mode` off the CPU: no CPU flags to weigh, fp16 the default on CUDA."""
+    amp = amp or ("fp16" if device.type == "cuda" else "off")
+    if amp == "bf16" and device.type == "cuda" and not _native_bf16():
+        LOGGER.warning(
+            f"--amp bf16: {device} has no native bf16 (it is emulated, slower than fp32); use --amp fp16 there"
+        )
+    layout = use_channels_last(device) if channels_last is None else channels_last
+    return TrainMode(amp, layout, f"{device}: amp {amp}, {'channels_last' if layout else 'NCHW'}")
 
 
 def compute_words(amp: str, channels_last: bool) -> str:

@@ -218,13 +218,12 @@ def train_one_epoch(
     The images are the loader's uint8 batch, or floats already on the device from a
     :class:`~ddp_utils.data.DevicePrefetcher` wrapped around it (on CUDA: the copy overlaps the step).
 
-    After each batch ``control`` (a :class:`~ddp_utils.run.control.StepControl`) says, the same on
-    every rank, whether to go on, save or stop. A stop (a signal on any rank, or non-finite steps
-    that persist) ends the call after an optimizer step, so no gradient is left half-accumulated,
-    or at the epoch's end, whichever comes first; the returned stats say where (``batch``), which is
-    what a checkpoint records and a resumed call passes back as ``start`` and ``loss``. A periodic
-    save (rank 0's clock) comes at an optimizer step too: ``on_save(stats)`` runs on every rank (it
-    may use collectives), then ``control.saved()``, and training goes on.
+    After each batch ``control`` (a :class:`~ddp_utils.run.control.StepControl`) says, the same on every rank,
+    whether to go on, save or stop. A stop (a signal on any rank, or non-finite steps that persist) ends the call
+    after an optimizer step, so no gradient is left half-accumulated, or at the epoch's end, whichever comes first;
+    the returned stats say where (``batch``), which is what a checkpoint records and a resumed call passes back as
+    ``start`` and ``loss``. A periodic save (rank 0's clock) comes at an optimizer step too: ``on_save(stats)`` runs
+    on every rank (it may use collectives), then ``control.saved()``, and training goes on.
 
     Args:
         step: the model, optimizer and step settings (``step.last_opt_step`` carries the
@@ -248,42 +247,108 @@ def train_one_epoch(
         The epoch's :class:`EpochStats`; ``stopped`` when a stop request ended it.
     """
     nb = len(loader) if nb is None else nb  # type: ignore[arg-type]
+    mloss, stats, bar, timer = _begin_epoch(step, device, loss, start, nb, progress, progress_seconds)
+    for i, (batch_imgs, targets, paths, _shapes) in enumerate(loader, start):
+        ni = i + nb * epoch
+        imgs, mloss = _train_batch(step, stats, timer, batch_imgs, targets, mloss, i, ni, epoch, device)
+        if on_batch is not None:
+            on_batch(i, batch_imgs, targets, paths)
+        _show(bar, i + 1 == nb, epoch, epochs, mloss, device, targets, imgs, step.world_size)
+        if control is not None and _obey(control, step, stats, on_save, ni, last=i + 1 == nb):
+            break
+    return _end_epoch(bar, timer, stats, epoch, epochs, mloss, device, step.world_size)
+
+
+def _begin_epoch(
+    step: TrainStep,
+    device: torch.device,
+    loss: torch.Tensor | None,
+    start: int,
+    nb: int,
+    progress: bool,
+    progress_seconds: float | None,
+) -> tuple[torch.Tensor, EpochStats, Any, _Timer]:
+    """The model set to train; the running mean loss (on the device), the stats, progress display and timer."""
     step.model.train()
     mloss = torch.zeros(3, device=device) if loss is None else loss.detach().to(device, torch.float32).clone()
     stats = EpochStats(mloss, batch=start, start=start)
     bar = _progress(nb, start, enabled=progress, interval=progress_seconds)
     timer = _Timer(device)
     step.optimizer.zero_grad()
-    for i, (batch_imgs, targets, paths, _shapes) in enumerate(loader, start):
-        timer.batch_ready()
-        imgs = step.prepare(batch_imgs, device)
-        ni = i + nb * epoch
-        loss_items = step(imgs, targets, ni, epoch)
-        loss_items = torch.where(
-            torch.isfinite(loss_items), loss_items, mloss
-        )  # a skipped step's loss: not in the mean
-        mloss = (mloss * i + loss_items) / (i + 1)  # stays on the device
-        timer.step_done()
-        stats.images += batch_imgs.shape[0]
-        stats.batch, stats.loss = i + 1, mloss
-        if on_batch is not None:
-            on_batch(i, batch_imgs, targets, paths)
-        if bar is not None:
-            if bar.due() or i + 1 == nb:  # a bar: every BAR_SECONDS; plain lines: every PLAIN_SECONDS
-                bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs, step.world_size))  # a sync
-            bar.update(1)  # a plain line, when due, shows the description just set
-        if control is None:
-            continue
-        action = control.after_step(step, boundary=step.last_opt_step == ni, last=i + 1 == nb)
-        if action is Action.STOP:
-            stats.stopped = True
-            break
-        if action is Action.SAVE:
-            if on_save is not None:
-                on_save(stats)
-            control.saved()
+    return mloss, stats, bar, timer
+
+
+def _train_batch(
+    step: TrainStep,
+    stats: EpochStats,
+    timer: _Timer,
+    batch_imgs: Any,
+    targets: torch.Tensor,
+    mloss: torch.Tensor,
+    i: int,
+    ni: int,
+    epoch: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train batch ``i``, no host wait: the images as the step saw them and the running mean with this batch in."""
+    timer.batch_ready()
+    imgs = step.prepare(batch_imgs, device)
+    loss_items = step(imgs, targets, ni, epoch)
+    loss_items = torch.where(torch.isfinite(loss_items), loss_items, mloss)  # a skipped step's loss: not in the mean
+    mloss = (mloss * i + loss_items) / (i + 1)  # stays on the device
+    timer.step_done()
+    stats.images += batch_imgs.shape[0]
+    stats.batch, stats.loss = i + 1, mloss
+    return imgs, mloss
+
+
+def _show(
+    bar: Any,
+    last: bool,
+    epoch: int,
+    epochs: int | None,
+    mloss: torch.Tensor,
+    device: torch.device,
+    targets: torch.Tensor,
+    imgs: torch.Tensor,
+    world_size: int,
+) -> None:
+    """Count a batch on the progress display, if any; refresh its text when due (the text reads the loss back)."""
+    if bar is None:
+        return
+    if bar.due() or last:  # a bar: every BAR_SECONDS; plain lines: every PLAIN_SECONDS
+        bar.set_description(_describe(epoch, epochs, mloss, device, targets, imgs, world_size))  # a sync
+    bar.update(1)  # a plain line, when due, shows the description just set
+
+
+def _obey(
+    control: Any, step: TrainStep, stats: EpochStats, on_save: Callable[[EpochStats], None] | None, ni: int, last: bool
+) -> bool:
+    """Do what ``control`` says after step ``ni`` (the same on every rank): save and go on, or stop (True)."""
+    action = control.after_step(step, boundary=step.last_opt_step == ni, last=last)
+    if action is Action.STOP:
+        stats.stopped = True
+        return True
+    if action is Action.SAVE:
+        if on_save is not None:
+            on_save(stats)
+        control.saved()
+    return False
+
+
+def _end_epoch(
+    bar: Any,
+    timer: _Timer,
+    stats: EpochStats,
+    epoch: int,
+    epochs: int | None,
+    mloss: torch.Tensor,
+    device: torch.device,
+    world_size: int,
+) -> EpochStats:
+    """The epoch's ``stats``, its times recorded (the timer's one wait for the GPU), after the last progress line."""
     if bar is not None:
-        bar.set_description(_describe(epoch, epochs, mloss, device, None, None, step.world_size))
+        bar.set_description(_describe(epoch, epochs, mloss, device, None, None, world_size))
         bar.close()
     stats.seconds, stats.data_seconds = timer.finish()
     return stats

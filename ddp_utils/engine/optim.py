@@ -95,14 +95,7 @@ def smart_optimizer(
         raise ValueError(f"optimizer {name!r} is not supported: choose one of {', '.join(OPTIMIZERS)}")
     if fused is None:
         fused = any(p.is_cuda for params in groups.values() for p in params)
-    first = [{"params": groups["bias"], "name": "bias"}]
-    if choice == "SGD":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            first, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0, fused=fused or None
-        )
-    else:
-        cls = torch.optim.Adam if choice == "Adam" else torch.optim.AdamW
-        optimizer = cls(first, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=fused or None)
+    optimizer = _bias_group_optimizer(choice, groups["bias"], lr, momentum, fused)
     optimizer.register_load_state_dict_post_hook(_keep_implementation)
     optimizer.add_param_group({"params": groups["weight"], "weight_decay": decay, "name": "weight"})
     optimizer.add_param_group({"params": groups["norm"], "weight_decay": 0.0, "name": "norm"})
@@ -113,6 +106,17 @@ def smart_optimizer(
         f"{len(groups['weight'])} weights (decay={decay}), {len(groups['bias'])} biases (no decay)"
     )
     return optimizer
+
+
+def _bias_group_optimizer(
+    choice: str, biases: list[nn.Parameter], lr: float, momentum: float, fused: bool
+) -> torch.optim.Optimizer:
+    """The ``choice`` optimizer over its first group, the biases (no decay): the other groups are added to it."""
+    first = [{"params": biases, "name": "bias"}]
+    if choice == "SGD":
+        return torch.optim.SGD(first, lr=lr, momentum=momentum, nesterov=True, weight_decay=0.0, fused=fused or None)
+    cls = torch.optim.Adam if choice == "Adam" else torch.optim.AdamW
+    return cls(first, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, fused=fused or None)
 
 
 def _keep_implementation(optimizer: torch.optim.Optimizer) -> None:

@@ -86,6 +86,16 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     add("--save-interval", type=float, default=30.0, help="minutes between mid-epoch saves of last.pt (0: never)")
     add("--seed", type=int, default=0)
     add("--deterministic", action="store_true", help="deterministic algorithms (slower)")
+    _add_host_options(parser)
+    add_evolve_options(parser)
+    add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
+    # torch.distributed.launch passes --local_rank; the rank always comes from the environment
+    add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
+
+
+def _add_host_options(parser: argparse.ArgumentParser) -> None:
+    """Add ddp_utils' own options for the machinery around the step: cuDNN, SLURM, trackers, progress, debugging."""
+    add = parser.add_argument
     add(
         "--cudnn-benchmark",
         default="off",
@@ -98,10 +108,6 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     add("--trackers", nargs="+", default=[], choices=TRACKERS, help="also log to MLflow and/or Weights & Biases")
     add("--progress", choices=PROGRESS_MODES, help="a bar, plain lines every 10 s, or off (default: bar on a terminal)")
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
-    add_evolve_options(parser)
-    add_yolov5_options(parser)  # the rest of YOLOv5's: they do nothing here, or are refused (check_options)
-    # torch.distributed.launch passes --local_rank; the rank always comes from the environment
-    add("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
 
 
 class OptionError(ValueError):

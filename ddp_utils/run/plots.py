@@ -197,21 +197,37 @@ def plot_images(
         cv2.rectangle(mosaic, (x0, y0), (x0 + tw - 1, y0 + th - 1), (255, 255, 255), thickness)
         if paths is not None and i < len(paths):
             cv2.putText(mosaic, Path(paths[i]).name[:40], (x0 + 5, y0 + 15), 0, font, (220, 220, 220), 1, cv2.LINE_AA)
-        for row in labels[labels[:, 0] == i] if len(labels) else ():
-            if len(row) > 6 and row[6] < 0.25:
-                continue
-            cls = int(row[1])
-            xc, yc, bw, bh = row[2] * tw, row[3] * th, row[4] * tw, row[5] * th
-            p1 = (int(x0 + xc - bw / 2), int(y0 + yc - bh / 2))
-            p2 = (int(x0 + xc + bw / 2), int(y0 + yc + bh / 2))
-            color = class_color(cls)
-            cv2.rectangle(mosaic, p1, p2, color, thickness)
-            text = str(names.get(cls, cls)) if names else str(cls)
-            if len(row) > 6:
-                text += f" {row[6]:.2f}"
-            cv2.putText(mosaic, text, (p1[0], max(p1[1] - 3, y0 + 10)), 0, font, color, 1, cv2.LINE_AA)
+        rows = labels[labels[:, 0] == i] if len(labels) else ()
+        _draw_labels(mosaic, rows, (x0, y0), (tw, th), names, thickness, font)
     fname = Path(fname)
     fname.parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(fname), cv2.cvtColor(mosaic, cv2.COLOR_RGB2BGR)):
         raise OSError(f"plot_images: could not write {fname}")
     return fname
+
+
+def _draw_labels(
+    mosaic: np.ndarray,
+    rows: Any,
+    origin: tuple[int, int],
+    size: tuple[int, int],
+    names: Mapping[int, str] | None,
+    thickness: int,
+    font: float,
+) -> None:
+    """Draw one tile's label rows (a box and its class name, and confidence if any) onto the mosaic, in place."""
+    x0, y0 = origin
+    tw, th = size
+    for row in rows:
+        if len(row) > 6 and row[6] < 0.25:
+            continue
+        cls = int(row[1])
+        xc, yc, bw, bh = row[2] * tw, row[3] * th, row[4] * tw, row[5] * th
+        p1 = (int(x0 + xc - bw / 2), int(y0 + yc - bh / 2))
+        p2 = (int(x0 + xc + bw / 2), int(y0 + yc + bh / 2))
+        color = class_color(cls)
+        cv2.rectangle(mosaic, p1, p2, color, thickness)
+        text = str(names.get(cls, cls)) if names else str(cls)
+        if len(row) > 6:
+            text += f" {row[6]:.2f}"
+        cv2.putText(mosaic, text, (p1[0], max(p1[1] - 3, y0 + 10)), 0, font, color, 1, cv2.LINE_AA)

@@ -143,6 +143,27 @@ def evaluate(
         # DDP's forward may sync buffers across ranks, and shards can differ in length: run the bare model
         model = model.module
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    loss_sum, batches, records, interrupted = _score_shard(
+        model, loader, device, compute_loss, conf_thres, iou_thres, max_det, half, stop, progress
+    )
+    val_loss = _mean_val_loss(loss_sum, batches, interrupted, device)
+    metrics = _rank0_metrics(records, max_det, verbose, watchdog)
+    return metrics, val_loss
+
+
+def _score_shard(
+    model: nn.Module,
+    loader: Iterable,
+    device: torch.device,
+    compute_loss: Any,
+    conf_thres: float,
+    iou_thres: float,
+    max_det: int,
+    half: bool,
+    stop: Callable[[], bool] | None,
+    progress: bool,
+) -> tuple[torch.Tensor, int, list[ImageRecord], bool]:
+    """This rank's pass over its own shard, the model's mode restored: ``(loss_sum, batches, records, interrupted)``."""
     param_dtype = next(model.parameters()).dtype
     was_training = model.training
     model.eval()
@@ -184,15 +205,22 @@ def evaluate(
         torch.backends.cudnn.benchmark = tuned
         bar.close()
         model.train(was_training)
+    return loss_sum, batches, records, interrupted
 
+
+def _mean_val_loss(loss_sum: torch.Tensor, batches: int, interrupted: bool, device: torch.device) -> torch.Tensor:
+    """The mean loss over every rank's batches, agreed in one reduction that also says whether any rank stopped."""
     # sums and batch counts, not per-rank means, so an uneven shard split weighs every batch alike; with them,
     # whether a rank was interrupted (every rank reaches this reduction either way, then all agree)
     counts = torch.tensor([float(batches), float(interrupted)], dtype=torch.float64)
     totals = reduce_tensor(torch.cat((loss_sum.cpu().double(), counts)))
     if totals[4] > 0:
         raise ValidationInterrupted("validation stopped: a stop signal arrived")
-    val_loss = (totals[:3] / max(float(totals[3]), 1.0)).float().to(device)
+    return (totals[:3] / max(float(totals[3]), 1.0)).float().to(device)
 
+
+def _rank0_metrics(records: list[ImageRecord], max_det: int, verbose: bool, watchdog: Any) -> DetectionMetrics:
+    """Every rank's records scored on rank 0 and broadcast: each rank gets the same metrics (or the same error)."""
     everything = _gather_to_rank0(records)
     metrics = None
     computing = watchdog.phase("metrics", None) if watchdog is not None else contextlib.nullcontext()
@@ -210,4 +238,4 @@ def evaluate(
     metrics = broadcast_object(metrics, src=0)
     if "error" in metrics:
         raise RuntimeError(f"COCO evaluation failed on rank 0: {metrics['error']}")
-    return metrics, val_loss
+    return metrics

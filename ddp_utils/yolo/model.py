@@ -194,6 +194,51 @@ def _check_from(f: Any, i: int, where: str) -> list[int]:
     return sources
 
 
+def _layer_spec(spec: Any, i: int, where: str) -> tuple[Any, int, str, list, list[int]]:
+    """One checked ``[from, number, module, args]`` row and the layers it reads: its errors name the layer."""
+    if not isinstance(spec, (list, tuple)) or len(spec) != 4:
+        raise ModelConfigError(f"{where}: each layer is [from, number, module, args]")
+    f, number, name, args = spec
+    sources = _check_from(f, i, where)
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ModelConfigError(f"{where}: number={number!r} must be a positive integer")
+    if not isinstance(name, str) or name not in MODULES:
+        raise ModelConfigError(f"{where}: unknown module {name!r}; known modules are {', '.join(MODULES)}")
+    if not isinstance(args, list):
+        raise ModelConfigError(f"{where}: args={args!r} must be a list")
+    return f, number, name, args, sources
+
+
+def _channel_block_args(
+    name: str, args: list, n: int, c_in: int, n_outputs: int | None, width_multiple: float, where: str
+) -> tuple[list, Any, int]:
+    """A channel block's ``(args, c_out, n)``: its width scaled, and a C3's repeats passed in, not stacked."""
+    if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)):
+        raise ModelConfigError(f"{where}: {name} needs its output channels as the first argument")
+    if not math.isfinite(args[0]) or args[0] <= 0:
+        raise ModelConfigError(f"{where}: {name} output channels {args[0]!r} must be a positive number")
+    c_out = args[0] if args[0] == n_outputs else make_divisible(args[0] * width_multiple, 8)
+    args = [c_in, c_out, *args[1:]]
+    if MODULES[name] in _REPEAT_BLOCKS:
+        args.insert(2, n)
+        n = 1
+    return args, c_out, n
+
+
+def _detect_args(args: list, nc: int, anchors: Any, c_ins: list[int], where: str, source: str) -> list:
+    """Detect's ``[nc, anchors, c_ins]`` (the channels it reads), checked against the top-level nc and anchors."""
+    if anchors is None:
+        raise ModelConfigError(f"{where}: Detect needs the top-level 'anchors' key")
+    if len(c_ins) != len(anchors):
+        raise ModelConfigError(f"{where}: Detect reads {len(c_ins)} layers but anchors has {len(anchors)} levels")
+    args = [args[0] if args else nc, args[1] if len(args) > 1 else anchors, c_ins]
+    if isinstance(args[0], bool) or not isinstance(args[0], int) or args[0] < 1:
+        raise ModelConfigError(f"{where}: Detect's class count {args[0]!r} must be a positive integer (or nc)")
+    if isinstance(args[1], int):
+        args[1] = _anchor_list(args[1], len(c_ins), source)
+    return args
+
+
 def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequential, list[int]]:
     """Build the layers a model yaml describes.
 
@@ -226,51 +271,21 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     layers, save, channels = [], [], []
     for i, spec in enumerate(backbone + head):
         where = f"{source}: layer {i} ({spec!r})"
-        if not isinstance(spec, (list, tuple)) or len(spec) != 4:
-            raise ModelConfigError(f"{where}: each layer is [from, number, module, args]")
-        f, number, name, args = spec
-        sources = _check_from(f, i, where)
-        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-            raise ModelConfigError(f"{where}: number={number!r} must be a positive integer")
-        if not isinstance(name, str) or name not in MODULES:
-            raise ModelConfigError(f"{where}: unknown module {name!r}; known modules are {', '.join(MODULES)}")
-        if not isinstance(args, list):
-            raise ModelConfigError(f"{where}: args={args!r} must be a list")
+        f, number, name, args, sources = _layer_spec(spec, i, where)
         module_cls = MODULES[name]
         args = _resolve_args(args, nc, anchors)
         n = max(round(number * depth_multiple), 1) if number > 1 else number
-
-        def channels_of(j: int, i: int = i) -> int:
-            return ch if (j == -1 and i == 0) else channels[j]
-
-        c_in = channels_of(sources[0])
+        c_ins = [ch if (j == -1 and i == 0) else channels[j] for j in sources]
+        c_in = c_ins[0]
         c_out = c_in
         if module_cls in _CHANNEL_BLOCKS:
-            if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)):
-                raise ModelConfigError(f"{where}: {name} needs its output channels as the first argument")
-            if not math.isfinite(args[0]) or args[0] <= 0:
-                raise ModelConfigError(f"{where}: {name} output channels {args[0]!r} must be a positive number")
-            c_out = args[0] if args[0] == n_outputs else make_divisible(args[0] * width_multiple, 8)
-            args = [c_in, c_out, *args[1:]]
-            if module_cls in _REPEAT_BLOCKS:
-                args.insert(2, n)
-                n = 1
+            args, c_out, n = _channel_block_args(name, args, n, c_in, n_outputs, width_multiple, where)
         elif module_cls is nn.BatchNorm2d:
             args = [c_in]
         elif module_cls is Concat:
-            c_out = sum(channels_of(j) for j in sources)
+            c_out = sum(c_ins)
         elif module_cls is Detect:
-            if anchors is None:
-                raise ModelConfigError(f"{where}: Detect needs the top-level 'anchors' key")
-            if len(sources) != len(anchors):
-                raise ModelConfigError(
-                    f"{where}: Detect reads {len(sources)} layers but anchors has {len(anchors)} levels"
-                )
-            args = [args[0] if args else nc, args[1] if len(args) > 1 else anchors, [channels_of(j) for j in sources]]
-            if isinstance(args[0], bool) or not isinstance(args[0], int) or args[0] < 1:
-                raise ModelConfigError(f"{where}: Detect's class count {args[0]!r} must be a positive integer (or nc)")
-            if isinstance(args[1], int):
-                args[1] = _anchor_list(args[1], len(sources), source)
+            args = _detect_args(args, nc, anchors, c_ins, where, source)
         try:
             block = nn.Sequential(*(module_cls(*args) for _ in range(n))) if n > 1 else module_cls(*args)
         except (TypeError, ValueError, RuntimeError, OverflowError, IndexError) as exc:

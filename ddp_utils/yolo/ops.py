@@ -114,21 +114,7 @@ def non_max_suppression(
     multi_label &= nc > 1
     output = [torch.zeros((0, 6), device=prediction.device) for _ in range(prediction.shape[0])]
     for index, x in enumerate(prediction):
-        x = x[x[:, 4] > conf_thres]
-        if index < len(labels) and len(labels[index]):
-            x = torch.cat((x, _as_detections(labels[index], nc).to(x)), 0)
-        if not x.shape[0]:
-            continue
-        scores = x[:, 5:] * x[:, 4:5]
-        box = xywh2xyxy(x[:, :4])
-        if multi_label:
-            i, j = (scores > conf_thres).nonzero(as_tuple=False).T
-            x = torch.cat((box[i], scores[i, j, None], j[:, None].float()), 1)
-        else:
-            conf, j = scores.max(1, keepdim=True)
-            x = torch.cat((box, conf, j.float()), 1)[conf.view(-1) > conf_thres]
-        if classes is not None:
-            x = x[(x[:, 5:6] == torch.tensor(classes, device=x.device)).any(1)]
+        x = _candidates(x, labels[index] if index < len(labels) else None, nc, conf_thres, multi_label, classes)
         if not x.shape[0]:
             continue
         x = x[x[:, 4].argsort(descending=True)[:max_nms]]
@@ -136,6 +122,33 @@ def non_max_suppression(
         keep = torchvision.ops.batched_nms(x[:, :4].float(), x[:, 4].float(), groups, iou_thres)
         output[index] = x[keep[:max_det]]
     return output
+
+
+def _candidates(
+    x: torch.Tensor,
+    known: torch.Tensor | None,
+    nc: int,
+    conf_thres: float,
+    multi_label: bool,
+    classes: list[int] | None,
+) -> torch.Tensor:
+    """One image's detections before NMS, ``[n, 6]`` (x1, y1, x2, y2, confidence, class); no rows when none passes."""
+    x = x[x[:, 4] > conf_thres]
+    if known is not None and len(known):
+        x = torch.cat((x, _as_detections(known, nc).to(x)), 0)
+    if not x.shape[0]:
+        return x
+    scores = x[:, 5:] * x[:, 4:5]
+    box = xywh2xyxy(x[:, :4])
+    if multi_label:
+        i, j = (scores > conf_thres).nonzero(as_tuple=False).T
+        x = torch.cat((box[i], scores[i, j, None], j[:, None].float()), 1)
+    else:
+        conf, j = scores.max(1, keepdim=True)
+        x = torch.cat((box, conf, j.float()), 1)[conf.view(-1) > conf_thres]
+    if classes is not None:
+        x = x[(x[:, 5:6] == torch.tensor(classes, device=x.device)).any(1)]
+    return x
 
 
 def _as_detections(labels: torch.Tensor, nc: int) -> torch.Tensor:

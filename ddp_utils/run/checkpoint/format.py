@@ -155,9 +155,15 @@ def build_checkpoint(
         "opt": to_plain(opt) if opt is not None else {},
         "hyp": to_plain(hyp) if hyp is not None else {},
         "train_state": to_host(dict(train_state)) if train_state is not None else None,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "version": __version__,
+        **_stamp(),
     }
+
+
+def _stamp() -> dict[str, str]:
+    """When, and by which ddp_utils version, a checkpoint was built: the last two keys of every checkpoint."""
+    from ... import __version__  # lazy: the package imports engine
+
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__}
 
 
 def to_host(obj: Any) -> Any:
