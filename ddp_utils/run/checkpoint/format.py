@@ -161,8 +161,6 @@ def build_checkpoint(
 
 def _stamp() -> dict[str, str]:
     """When, and by which ddp_utils version, a checkpoint was built: the last two keys of every checkpoint."""
-    from ... import __version__  # lazy: the package imports engine
-
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__}
 
 
