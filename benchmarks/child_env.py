@@ -5,6 +5,9 @@ A GPU host without network puts the wheels it lacks on ``PYTHONPATH`` (``/tmp/si
 (``cpu_train_speed.py`` lost faster_coco_eval so). Our trainer's children get this checkout first, then the
 caller's entries; YOLOv5's children get the caller's entries without this checkout (YOLOv5 imports its own
 ``models/`` and ``utils/`` from its directory).
+
+It stays at the top of ``benchmarks/``, beside the groups, because scripts of four groups (parity, reproducibility,
+speed, gpu) and ``readme_figures.py`` import it: each puts ``benchmarks/`` on ``sys.path`` for it.
 """
 
 from __future__ import annotations

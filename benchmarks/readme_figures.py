@@ -18,6 +18,9 @@ What it measures, and where each figure is stated (README.md, and the docs/ page
 
 The README's other figures name their own benchmark; the test-suite duration (docs/development.md) and
 the fault-test timings (docs/reliability.md) come from running the tests, not from here. Never run by the tests.
+
+It stays at the top of ``benchmarks/``, in no group: its figures are of several kinds (time, memory, accuracy, model
+size), and it is the one command the README names for its table.
 """
 
 from __future__ import annotations

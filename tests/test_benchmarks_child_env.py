@@ -44,8 +44,8 @@ def test_no_benchmark_replaces_or_drops_the_callers_pythonpath():
         r"""["']PYTHONPATH["']\s*:\s*str\(|pop\(\s*["']PYTHONPATH["']|!=\s*["']PYTHONPATH["']|\[["']PYTHONPATH["']\]\s*="""
     )
     offenders = [
-        f"{path.name}:{number}: {line.strip()}"
-        for path in sorted(BENCHMARKS.glob("*.py"))
+        f"{path.relative_to(BENCHMARKS)}:{number}: {line.strip()}"
+        for path in sorted(BENCHMARKS.rglob("*.py"))
         if path.name != "child_env.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if replacing.search(line)

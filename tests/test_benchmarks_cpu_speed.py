@@ -1,25 +1,11 @@
-"""benchmarks/cpu_train_speed.py and loader_speed.py: how their tables read the runs (the runs are measurements)."""
+"""benchmarks/speed/cpu_train_speed.py and loader_speed.py: how their tables read the runs (the runs are
+measurements)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+from .benchmark_scripts import load_benchmark
 
 
 def run(side: str, epoch_s: list[float], loss: float, cfg: str = "yolov5n.yaml") -> dict:
@@ -27,13 +13,13 @@ def run(side: str, epoch_s: list[float], loss: float, cfg: str = "yolov5n.yaml")
 
 
 def test_the_steady_epoch_leaves_the_first_out():
-    speed = load("cpu_train_speed")
+    speed = load_benchmark("cpu_train_speed")
     assert speed.steady([30.0, 10.0, 12.0, 11.0]) == 11.0
     assert speed.steady([7.0]) == 7.0
 
 
 def test_the_training_table_gives_yolov5s_steady_epoch_over_ours_per_model():
-    speed = load("cpu_train_speed")
+    speed = load_benchmark("cpu_train_speed")
     runs = [
         run("yolov5", [20.0, 12.0, 12.0], 0.5),
         run("off", [15.0, 10.0, 10.0], 0.25),
@@ -52,14 +38,14 @@ def test_the_training_table_gives_yolov5s_steady_epoch_over_ours_per_model():
 
 
 def test_a_batch_size_that_does_not_divide_the_images_is_refused(capsys):
-    speed = load("cpu_train_speed")
+    speed = load_benchmark("cpu_train_speed")
     with pytest.raises(SystemExit):
         speed.parse_args(["--n-train", "100", "--batch-size", "16"])
     assert "--n-train 100" in capsys.readouterr().err
 
 
 def test_the_loader_table_gives_the_median_of_the_per_round_ratios():
-    loader = load("loader_speed")
+    loader = load_benchmark("loader_speed")
     result = dict(
         case="tiny64", n=10, size=[48, 64], imgsz=64, load=[2.0, 1.0, 1.0],
         rates={"ours": [300.0, 200.0, 330.0], "yolov5": [100.0, 100.0, 110.0]}, ratios=[3.0, 2.0, 3.0],

@@ -1,5 +1,5 @@
-"""benchmarks/evolve_ranking.py: its rank correlation and its replay of train.py's median pruner (the runs it
-analyses are measurements); benchmarks/evolve_odds.py: its odds against cases worked out by hand."""
+"""benchmarks/evolve/evolve_ranking.py: its rank correlation and its replay of train.py's median pruner (the runs it
+analyses are measurements); benchmarks/evolve/evolve_odds.py: its odds against cases worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 
 from ddp_utils.hyp import load_hyp
 
-from .test_benchmarks_cpu_speed import load
+from .benchmark_scripts import load_benchmark
 
-ranking = load("evolve_ranking")
-odds = load("evolve_odds")
+ranking = load_benchmark("evolve_ranking")
+odds = load_benchmark("evolve_odds")
 EPOCHS = 4
 
 

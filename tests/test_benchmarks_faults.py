@@ -1,4 +1,4 @@
-"""benchmarks/faults.py runs, and its rows say what they should: a SIGTERM costs nothing and the job ends as the
+"""benchmarks/faults/faults.py runs, and its rows say what they should: a SIGTERM costs nothing and the job ends as the
 uninterrupted one; a NaN loss is one skipped step and the job still finishes every epoch once; a fault whose moment
 never comes is reported as not injected, and the table is printed whatever one row does."""
 
@@ -18,10 +18,11 @@ from ddp_utils.run import TrainState
 from ddp_utils.run.checkpoint import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
+FAULTS = REPO / "benchmarks" / "faults" / "faults.py"
 
 
 def faults_module():
-    spec = importlib.util.spec_from_file_location("faults_benchmark", REPO / "benchmarks" / "faults.py")
+    spec = importlib.util.spec_from_file_location("faults_benchmark", FAULTS)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -77,7 +78,7 @@ def test_the_truncation_trigger_follows_the_saves_on_disk_not_the_log(tmp_path):
 @pytest.mark.timeout(900)
 def test_the_fault_benchmark_runs_and_its_rows_hold(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(REPO / "benchmarks" / "faults.py"), "--faults", "sigterm", "nan", "--epochs", "2",
+    command = [sys.executable, str(FAULTS), "--faults", "sigterm", "nan", "--epochs", "2",
                "--dir", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=880)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -95,7 +96,7 @@ def test_the_fault_benchmark_runs_and_its_rows_hold(tmp_path):
 def test_a_truncation_whose_moment_never_comes_is_reported_not_injected_and_the_table_printed(tmp_path):
     # one epoch: there is no epoch 2 to save in; the job finishes, and its final last.pt must not be cut and read
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(REPO / "benchmarks" / "faults.py"), "--faults", "truncated", "--epochs", "1",
+    command = [sys.executable, str(FAULTS), "--faults", "truncated", "--epochs", "1",
                "--dir", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=580)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

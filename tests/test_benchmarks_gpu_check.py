@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: a part that fails is a row saying why and the table comes anyway; --cpu-smoke runs
+"""benchmarks/gpu/gpu_check.py: a part that fails is a row saying why and the table comes anyway; --cpu-smoke runs
 every part tiny on the CPU, so the check cannot rot between the GPU hosts it waits for."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from .benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_check.py"
 
 
 def load_script():

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_step.py: its train.py log parser, and a --quick run end to end on CPU."""
+"""benchmarks/gpu/gpu_step.py: its train.py log parser, and a --quick run end to end on CPU."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from .benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_step.py"
+SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_step.py"
 
 
 def load_script():

@@ -1,4 +1,4 @@
-"""benchmarks/parity.py and parity_step.py: their argument checks, the report, and our side end to end.
+"""benchmarks/parity/parity.py and parity_step.py: their argument checks, the report, and our side end to end.
 
 YOLOv5's side needs an ultralytics/yolov5 checkout (v7.0) and an interpreter that runs it: set
 ``DDP_UTILS_YOLOV5=<checkout>`` and ``DDP_UTILS_YOLOV5_PYTHON=<its venv's python>`` to run those tests
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PARITY = REPO / "benchmarks" / "parity.py"
-PARITY_STEP = REPO / "benchmarks" / "parity_step.py"
+PARITY = REPO / "benchmarks" / "parity" / "parity.py"
+PARITY_STEP = REPO / "benchmarks" / "parity" / "parity_step.py"
 YOLOV5 = os.environ.get("DDP_UTILS_YOLOV5")
 YOLOV5_PYTHON = os.environ.get("DDP_UTILS_YOLOV5_PYTHON", sys.executable)
 needs_yolov5 = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""benchmarks/preemption.py runs, and what it measures holds: a SIGTERM anywhere redoes no step."""
+"""benchmarks/faults/preemption.py runs, and what it measures holds: a SIGTERM anywhere redoes no step."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def bench(*args: str, timeout: float) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(REPO / "benchmarks" / "preemption.py"), *args]
+    command = [sys.executable, str(REPO / "benchmarks" / "faults" / "preemption.py"), *args]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout

@@ -1,4 +1,4 @@
-"""benchmarks/render_ops.py: the device path's kernels per batch and its host waits, counted on the CPU."""
+"""benchmarks/speed/render_ops.py: the device path's kernels per batch and its host waits, counted on the CPU."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""benchmarks/step_ops.py: the op budget per part of the step, run on the CPU."""
+"""benchmarks/speed/step_ops.py: the op budget per part of the step, run on the CPU."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "speed" / "step_ops.py"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_step_ops_counts_every_part_and_finds_no_host_wait():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(REPO / "benchmarks" / "step_ops.py"), "--model", "yolov5n.yaml", "--repeats", "1"]
+    command = [sys.executable, str(SCRIPT), "--model", "yolov5n.yaml", "--repeats", "1"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=380)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("RESULT "))

@@ -134,7 +134,7 @@ def test_an_end_of_epoch_checkpoint_records_the_processes_that_saved_it(data, tm
 
 @pytest.mark.multiprocess
 def test_a_rank_stopped_with_sigstop_is_named_and_the_restarted_job_finishes_every_epoch_once(data, tmp_path):
-    """The stall watchdog under a real torchrun job (bound shortened to 15 s; benchmarks/faults.py measures the
+    """The stall watchdog under a real torchrun job (bound shortened to 15 s; benchmarks/faults/faults.py measures the
     default): every live rank ends with exit 75 naming rank 1, torchrun kills the stopped one and restarts, and the
     job resumes from its last save and finishes."""
     cmd = torchrun(2, *args(data, tmp_path, "stall", "--epochs", "3"), extra=("--max-restarts", "1"))

@@ -1,9 +1,9 @@
 """How often could any pruner meet ``evolve.py``'s goal? The odds with a perfect one, where trials are independent.
 
-    python benchmarks/evolve_odds.py --trials 12 30 300 --epochs 10 --judged-after 2
+    python benchmarks/evolve/evolve_odds.py --trials 12 30 300 --epochs 10 --judged-after 2
 
-``benchmarks/evolve.py`` asks ours to reach the best fitness of YOLOv5's serial scheme (T trials of E epochs, each
-to its end) within a third of its T x E trial-epochs. Both bests are maxima of random trials, so one run meets the
+``benchmarks/evolve/evolve.py`` asks ours to reach the best fitness of YOLOv5's serial scheme (T trials of E epochs,
+each to its end) within a third of its T x E trial-epochs. Both bests are maxima of random trials, so one run meets the
 goal or misses it partly by chance. This computes that chance for a pruner that cannot be bettered:
 
 - each trial's final fitness is an independent draw from one continuous distribution, trial 0 (the start) shared by

@@ -1,6 +1,6 @@
 """How much does an atomic, fsynced checkpoint save cost over a bare torch.save, in time and in host memory?
 
-    python benchmarks/checkpoint_save.py [--parts time memory] [--params 7.2e6] [--repeats 5] [--dir /tmp]
+    python benchmarks/speed/checkpoint_save.py [--parts time memory] [--params 7.2e6] [--repeats 5] [--dir /tmp]
         [--models yolov5s.yaml yolov5x.yaml]
 
 - ``time``: a YOLOv5s-sized checkpoint (``--params`` fp32 weights plus the same again of SGD momentum):
@@ -10,7 +10,7 @@
   :class:`~ddp_utils.run.Checkpointer` to last.pt, best.pt and epochN.pt, in a fresh process each:
   the peak host memory the save adds (Linux's VmHWM, reset just before), in the save itself and as a
   multiple of the file, inline and in the background. The host snapshot is one copy of the file's
-  size; anything above it is a serialised copy. (How long a save holds the step: ``preemption.py --parts save``.)
+  size; anything above it is a serialised copy. (How long a save holds the step: ``faults/preemption.py --parts save``.)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils.run import load_checkpoint, save_checkpoint  # noqa: E402

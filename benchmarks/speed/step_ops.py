@@ -12,8 +12,8 @@ optimizer (where this ddp_utils has ``smart_optimizer(fused=...)``), clipping, E
 Targets: loss forward <= 200 ops, EMA <= 1 ms of host time per update, everything outside
 the model <= 40 % of the step's ops.
 
-Run:  python benchmarks/step_ops.py                      (yolov5s, batch 2, 64 px)
-      PYTHONPATH=/path/to/other/checkout python benchmarks/step_ops.py   (another version of ddp_utils)
+Run:  python benchmarks/speed/step_ops.py                      (yolov5s, batch 2, 64 px)
+      PYTHONPATH=/path/to/other/checkout python benchmarks/speed/step_ops.py   (another version of ddp_utils)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO))  # appended: a PYTHONPATH checkout of ddp_utils comes first
 
 import ddp_utils  # noqa: E402

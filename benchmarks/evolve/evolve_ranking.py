@@ -1,6 +1,6 @@
 """Does an epoch's fitness rank an evolution's trials as their last epoch does? The question pruning stands on.
 
-    python benchmarks/evolve_ranking.py --evolve-csv runs/evolve/exp/evolve.csv --data shapes.yaml \
+    python benchmarks/evolve/evolve_ranking.py --evolve-csv runs/evolve/exp/evolve.csv --data shapes.yaml \
         --weights base.pt --hyp hyp.start.yaml --epochs 10 --out benchmarks/results/evolve-ranking.json
 
 Trains every trial of a finished evolution again (its hyperparameters, as its evolve.csv has them), each validated
@@ -33,8 +33,8 @@ import numpy as np
 import optuna
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks" / "evolve"))  # evolve.py
 sys.path.insert(0, str(REPO))
 
 from evolve import command, curves, fitness, run_workers  # noqa: E402

@@ -1,7 +1,7 @@
 """How long the label scan takes cold (no cache) and warm (cache current), for 500 and 5,000 images.
 
-    python benchmarks/label_cache.py            # 500 and 5000 images, 5 repeats
-    python benchmarks/label_cache.py --n 500 --repeats 9
+    python benchmarks/speed/label_cache.py            # 500 and 5000 images, 5 repeats
+    python benchmarks/speed/label_cache.py --n 500 --repeats 9
 
 The images are real JPEGs (640x480, as in COCO) with YOLO labels of 1-10 rows. For scale,
 ``--baseline`` also times a scan done the way YOLOv5 does it (a full PIL ``verify`` and
@@ -23,7 +23,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddp_utils.data.labels import find_images, img2label_paths, load_labels  # noqa: E402
 

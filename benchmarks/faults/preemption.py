@@ -1,6 +1,7 @@
 """What a stop costs: steps redone after a SIGTERM, training lost to a SIGKILL, and how long a save holds a step.
 
-    python benchmarks/preemption.py [--parts sigterm sigkill save] [--trials 3] [--models yolov5s.yaml yolov5x.yaml]
+    python benchmarks/faults/preemption.py [--parts sigterm sigkill save] [--trials 3]
+        [--models yolov5s.yaml yolov5x.yaml]
 
 - ``sigterm``: train.py (yolov5n, 64 synthetic images, 8 steps an epoch, 3 epochs, one process) gets SIGTERM at
   a random step, then ``--resume``; the steps the two parts trained together, minus the uninterrupted run's
@@ -36,7 +37,7 @@ from types import SimpleNamespace
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils import LOGGER  # noqa: E402

@@ -4,7 +4,7 @@ Trains yolov5n on a small synthetic set with one seed and one global batch, the 
 several times, and prints the worst relative difference of the trained weights (last.pt's
 ``train_model``) and of their EMA (its ``model``) of each run against the first:
 
-    python benchmarks/reproducibility.py [--n-train 64] [--imgsz 128] [--epochs 2] [--batch-size 16]
+    python benchmarks/reproducibility/reproducibility.py [--n-train 64] [--imgsz 128] [--epochs 2] [--batch-size 16]
         [--seed 3] [--cases rerun workers2 ddp ddp-sync-bn] [--extra --multi-scale] [--dir DIR]
 
 - ``rerun``: the same command again (one process, ``--workers 0``);
@@ -37,8 +37,8 @@ import torch
 
 from ddp_utils.run import load_checkpoint
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
 from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 CASES = {

@@ -24,8 +24,8 @@ On a GPU (torch.cuda.is_available()) it also measures yolov5s at 640 with AMP (a
 GradScaler) in one process, and the share of the time the GPU waits for data; on a CPU-only
 machine that part is skipped.
 
-Run:  python benchmarks/train_throughput.py                       (prints a markdown table)
-      python benchmarks/train_throughput.py --steps 4 --warmup 1 --rounds 1 --nproc 1 2 --workers 0
+Run:  python benchmarks/speed/train_throughput.py                       (prints a markdown table)
+      python benchmarks/speed/train_throughput.py --steps 4 --warmup 1 --rounds 1 --nproc 1 2 --workers 0
 Never run by the tests.
 """
 
@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 GPU_WARMUP = 5  # cuDNN and the caching allocator settle in the first steps
 

@@ -11,8 +11,8 @@ Measures, side by side in one run on one synthetic dataset:
 - peak RSS and PSS per process and per node (loader process plus its workers), one process
   and a 2-process gloo job with the RAM cache.
 
-Run:  python benchmarks/dataloader.py            (prints a markdown table)
-      python benchmarks/dataloader.py --n 200 --label-n 500 --quick
+Run:  python benchmarks/speed/dataloader.py            (prints a markdown table)
+      python benchmarks/speed/dataloader.py --n 200 --label-n 500 --quick
 Never run by the tests.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from ddp_utils.data import load_hyp  # noqa: E402  (after the repo is on sys.path)
@@ -276,7 +276,7 @@ def memory_run(images: Path, imgsz: int, batch: int, workers: int, cache: str, n
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         code = (
-            f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks.dataloader import memory_worker; "
+            f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks.speed.dataloader import memory_worker; "
             f"memory_worker({str(images)!r}, {imgsz}, {batch}, {workers}, {cache!r})"
         )
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True))

@@ -16,8 +16,11 @@ logs say of each epoch's training (validation and saves between epochs left out 
 - ours: each epoch line ends ``97.3 img/s, data wait 4.1%``, the epoch's images over its wall time
   (:meth:`ddp_utils.engine.EpochStats.speed`): the epoch took images / rate.
 
-    python benchmarks/parity_record.py yolov5 runs/parity/yolov5/seed0.log
-    python benchmarks/parity_record.py ours runs/parity/ours/seed0.log --images 1000
+    python benchmarks/parity/parity_record.py yolov5 runs/parity/yolov5/seed0.log
+    python benchmarks/parity/parity_record.py ours runs/parity/ours/seed0.log --images 1000
+
+It lives with parity.py, whose runs it records; ``speed/cpu_train_speed.py`` and ``gpu/gpu_check.py`` time their
+epochs with it too and put ``benchmarks/parity/`` on ``sys.path`` for it.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
 from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 if str(REPO) not in sys.path:

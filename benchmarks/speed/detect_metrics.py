@@ -1,6 +1,6 @@
 """How long the COCO evaluation and NMS of one validation pass take on the CPU.
 
-    python benchmarks/detect_metrics.py --images 1000 --dets 300
+    python benchmarks/speed/detect_metrics.py --images 1000 --dets 300
 
 Random predictions (the first of each image a near-hit) over images of up to 9 labels,
 80 classes: the shape of a COCO val pass with conf_thres=0.001.

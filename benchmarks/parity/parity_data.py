@@ -1,6 +1,6 @@
 """Our augmented training samples against YOLOv5's, in distribution: the same images, the same hyp.
 
-    python benchmarks/parity_data.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
+    python benchmarks/parity/parity_data.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
         [--data runs/parity/data.yaml] [--imgsz 160] [--samples 2000] [--hyp hyp.shapes.yaml]
 
 The two pipelines draw differently (YOLOv5 from Python's and NumPy's global generators, ours from a
@@ -27,8 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
 from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 

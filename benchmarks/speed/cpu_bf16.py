@@ -1,7 +1,7 @@
 """bf16 autocast against fp32 on this CPU, paired and interleaved: a bare training step, then train.py itself.
 
-    python benchmarks/cpu_bf16.py [--rounds 6] [--steps 3] [--train-rounds 2] [--train-epochs 2] [--train-images 192]
-        [--out FILE]
+    python benchmarks/speed/cpu_bf16.py [--rounds 6] [--steps 3] [--train-rounds 2] [--train-epochs 2]
+        [--train-images 192] [--out FILE]
 
 What pays depends on the CPU's kind (``ddp_utils.engine.amp.cpu_kind``: ``amx_bf16``, ``avx512_bf16`` only,
 or neither), so the record names the CPU, its bf16 flags and its kind, and docs/cpu.md keeps one row per kind.
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
 
 from child_env import with_pythonpath  # noqa: E402
 

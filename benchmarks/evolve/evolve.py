@@ -1,6 +1,6 @@
 """YOLOv5's serial evolution against ours (pruning, workers in parallel), on the synthetic shapes data.
 
-    python benchmarks/evolve.py --trials 6 --epochs 9 --workers 2 --out benchmarks/results/evolve.json
+    python benchmarks/evolve/evolve.py --trials 6 --epochs 9 --workers 2 --out benchmarks/results/evolve.json
 
 Two evolutions of train.py on the same data, from the same starting hyperparameters (the shapes hyp, with ``--start``
 values over it if given), with the same seed, each trial from scratch (``--pretrain-epochs N`` fine-tunes every trial
@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from ddp_utils.evolve.records import read_evolve_csv  # noqa: E402

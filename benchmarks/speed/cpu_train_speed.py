@@ -1,10 +1,10 @@
 """Training speed on this CPU: our train.py in each compute mode beside YOLOv5's train.py, epoch by epoch.
 
-    python benchmarks/cpu_train_speed.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
+    python benchmarks/speed/cpu_train_speed.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
         [--cfgs yolov5n.yaml yolov5s.yaml] [--modes off default] [--compile-cfgs yolov5n.yaml]
         [--bf16-cfgs yolov5n.yaml] [--epochs 3] [--rounds 1]
 
-One synthetic shapes dataset (made as ``benchmarks/parity.py`` makes it, with its hyp: nominal batch
+One synthetic shapes dataset (made as ``benchmarks/parity/parity.py`` makes it, with its hyp: nominal batch
 64, ``--workers 0``, ``--noval --noplots``, ``OMP_NUM_THREADS`` the same for every run) is trained on
 by YOLOv5's ``train.py`` (its checkout and interpreter; nothing of it imported here) and by ours in
 each compute mode:
@@ -38,10 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))  # benchmarks/parity/: parity, parity_record
 import parity  # noqa: E402  (the dataset, the options both trainers share, the timed runs)
 from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
 from parity_record import finished_run_host, ours_epoch_seconds  # noqa: E402

@@ -1,7 +1,7 @@
 """Every fault a long run meets, injected into a real 2-process torchrun job: does the job finish, every epoch once,
 and what did it lose?
 
-    python benchmarks/faults.py [--faults sigterm sigterm-val sigkill sigstop worker-kill enospc nan truncated]
+    python benchmarks/faults/faults.py [--faults sigterm sigterm-val sigkill sigstop worker-kill enospc nan truncated]
         [--epochs 3] [--save-interval 0.01] [--dir DIR]
 
 The job: ``torchrun --nproc_per_node 2 --max-restarts 3 train.py`` (gloo, CPU), yolov5n on 64 synthetic images
@@ -17,7 +17,7 @@ watchdog at its default bound (120 s). First the same job uninterrupted, then on
 - ``worker-kill``: one of rank 0's data-loader workers killed (SIGKILL) in epoch 2.
 - ``enospc``: the run directory on a small tmpfs (mounted here; needs root), filled up after the first periodic
   save, emptied again once a save has failed: a real "No space left on device" in a background write.
-- ``nan``: rank 1's loss made NaN at one step of epoch 2 (``benchmarks/fault_inject.py``).
+- ``nan``: rank 1's loss made NaN at one step of epoch 2 (``benchmarks/faults/fault_inject.py``).
 - ``truncated``: rank 0 killed in epoch 2 after a periodic save (no restart), its last.pt cut to half; the job
   started again with ``--resume`` says in one line what to do; the benchmark does it, and resumes.
 
@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils.data import make_shapes_dataset  # noqa: E402
@@ -356,7 +356,8 @@ def fault_enospc(s: Setup, out: Path, name: str) -> dict:
 
 
 def fault_nan(s: Setup, out: Path, name: str) -> dict:
-    wrapper = [str(REPO_ROOT / "benchmarks" / "fault_inject.py"), "--nan-at", str(NB + 3), "--nan-rank", "1", "--"]
+    inject = REPO_ROOT / "benchmarks" / "faults" / "fault_inject.py"
+    wrapper = [str(inject), "--nan-at", str(NB + 3), "--nan-rank", "1", "--"]
     start = time.monotonic()
     job = run_job(s.job(out, name, wrapper=wrapper), s.env, 600, lambda *a: None)
     step = next(

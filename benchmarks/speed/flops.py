@@ -1,8 +1,8 @@
 """How do thop and FlopCounterMode compare with the published GFLOPs, and how fast is YOLOv5s?
 
-    python benchmarks/flops.py                         # yolov5n, yolov5s; profile yolov5s on cpu (+ cuda:0)
-    python benchmarks/flops.py --models all            # all five sizes
-    python benchmarks/flops.py --torchvision resnet18  # no detector needed: torchvision's published numbers
+    python benchmarks/speed/flops.py                         # yolov5n, yolov5s; profile yolov5s on cpu (+ cuda:0)
+    python benchmarks/speed/flops.py --models all            # all five sizes
+    python benchmarks/speed/flops.py --torchvision resnet18  # no detector needed: torchvision's published numbers
 
 Part 1 counts each detector, fused as YOLOv5 publishes it (Conv+BN folded), at 640 x 640,
 batch 1, with both counters, next to YOLOv5's table (parameters in millions, GFLOPs =
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's ddp_utils, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's ddp_utils, installed or not
 from ddp_utils.profiling import flops, format_table, model_info, profile  # noqa: E402
 
 # YOLOv5 v7.0 README: params (M), GFLOPs at 640 (fused)

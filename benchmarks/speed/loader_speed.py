@@ -1,6 +1,6 @@
 """How fast is our training loader against YOLOv5's, on the same images, side by side?
 
-    python benchmarks/loader_speed.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
+    python benchmarks/speed/loader_speed.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
         [--cases mosaic640 tiny64] [--rounds 5] [--dir runs/loader_speed]
 
 Both loaders as a training run has them: ``create_dataloader`` with ``cache='ram'``, ``workers=0``
@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
 from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 CASES = {  # images, their sides (px), imgsz, batches timed per round

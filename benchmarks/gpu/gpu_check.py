@@ -11,14 +11,14 @@ fails (or has no time left) is a row ``failed: <reason>`` and the table is print
    after each epoch (flat: within 2 % from epoch 2 on), then the final validation timed in the training
    precision and in fp32;
 3. the CUDA tests (``python -m pytest -q -k cuda``);
-4. ``benchmarks/gpu_step.py`` (model, step, loader and loop bounds);
+4. ``benchmarks/gpu/gpu_step.py`` (model, step, loader and loop bounds);
 5. the default job, ``python train.py --device 0``, with its mAP.
 
 On a host without network, first put the wheels it lacks on PYTHONPATH (``shared/tools/gpu-wheels.sh``
-says how); every child keeps the caller's PYTHONPATH (``child_env.py``).
+says how); every child keeps the caller's PYTHONPATH (``benchmarks/child_env.py``).
 
-Run:  python benchmarks/gpu_check.py --yolov5 ../yolov5                (about 8 minutes on one GPU)
-      python benchmarks/gpu_check.py --cpu-smoke                       (every part, tiny, on the CPU)
+Run:  python benchmarks/gpu/gpu_check.py --yolov5 ../yolov5                (about 8 minutes on one GPU)
+      python benchmarks/gpu/gpu_check.py --cpu-smoke                       (every part, tiny, on the CPU)
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent  # benchmarks/gpu/: gpu_step
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: child_env
+sys.path.insert(0, str(HERE.parent / "parity"))  # benchmarks/parity/: parity_record
 sys.path.insert(0, str(REPO))
 from child_env import with_pythonpath, without_checkout  # noqa: E402
 from parity_record import yolov5_epoch_seconds  # noqa: E402

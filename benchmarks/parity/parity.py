@@ -1,9 +1,9 @@
 """Does our train.py learn as well as YOLOv5's? Both trained side by side on one dataset, over seeds.
 
-    python benchmarks/parity.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
-    python benchmarks/parity.py --ours-only --epochs 1          # our side alone: no YOLOv5 checkout
-    python benchmarks/parity.py --table runs/parity/results.json  # the tables again, from saved results
-    python benchmarks/parity.py --ours-only --ours-augment-on device   # the device path (its torch ops on the CPU)
+    python benchmarks/parity/parity.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
+    python benchmarks/parity/parity.py --ours-only --epochs 1          # our side alone: no YOLOv5 checkout
+    python benchmarks/parity/parity.py --table runs/parity/results.json  # the tables again, from saved results
+    python benchmarks/parity/parity.py --ours-only --ours-augment-on device  # the device path (torch ops on the CPU)
 
 One synthetic shapes dataset (``ddp_utils.data.synthetic``: a train split and a held-out split
 that neither trainer selects on) feeds YOLOv5's ``train.py`` (an ultralytics/yolov5 checkout, run by
@@ -60,10 +60,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # this checkout's ddp_utils, not another installed copy
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/parity/: parity_record
 from child_env import with_pythonpath, without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 from parity_record import finished_run_host, ours_epoch_seconds, side_keys, yolov5_epoch_seconds  # noqa: E402
 

@@ -21,8 +21,8 @@ data wait of (4) and (5), and the share of (2) spent outside the model; the last
 Without CUDA it says so in one line and measures with the ``--quick`` sizes (a 20 GB
 yolov5s/640/64 step on a CPU helps nobody).
 
-Run:  python benchmarks/gpu_step.py --model yolov5s.yaml --imgsz 640 --batch 64 --device 0
-      python benchmarks/gpu_step.py --quick            (CPU, tiny: checks that it all runs)
+Run:  python benchmarks/gpu/gpu_step.py --model yolov5s.yaml --imgsz 640 --batch 64 --device 0
+      python benchmarks/gpu/gpu_step.py --quick            (CPU, tiny: checks that it all runs)
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
 from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 sys.path.insert(0, str(REPO))

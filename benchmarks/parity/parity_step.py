@@ -1,9 +1,9 @@
 """Our training step against YOLOv5's, step by step: same initial weights, same batches.
 
-    python benchmarks/parity_step.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
+    python benchmarks/parity/parity_step.py --yolov5 ../yolov5 --yolov5-python ../yolov5-venv/bin/python
         [--n-train 256] [--imgsz 160] [--batch-size 16] [--epochs 2] [--seed 0] [--dir runs/parity_step]
 
-What :mod:`benchmarks.parity` cannot separate, this does. Our loader makes every batch of
+What ``parity.py`` cannot separate, this does. Our loader makes every batch of
 ``--epochs`` epochs once (mosaic and all, from ``--seed``) and our model its initial weights (the
 head's biases set as our train.py sets them); both go to a file. Then each trainer's own pieces
 train from those weights on those batches, in its own process and interpreter: ours are what our
@@ -40,8 +40,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: child_env
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
 from child_env import without_checkout  # noqa: E402  (children keep the caller's PYTHONPATH)
 
 NBS = 64  # YOLOv5's train.py hard-codes it; the hyp given to ours says so too

@@ -1,6 +1,7 @@
 """Run train.py with a fault that a signal cannot inject: a non-finite loss at one training step.
 
-    torchrun --nproc_per_node 2 benchmarks/fault_inject.py --nan-at 13 --nan-rank 1 -- --data ... (train.py's options)
+    torchrun --nproc_per_node 2 benchmarks/faults/fault_inject.py --nan-at 13 --nan-rank 1 \
+        -- --data ... (train.py's options)
 
 The loss that ``TrainStep`` computes at its ``--nan-at``-th training forward (counted from 0 in this
 process, validation's forwards not counted) on rank ``--nan-rank`` is multiplied by NaN; everything else
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils.yolo import loss as loss_module  # noqa: E402

@@ -10,8 +10,8 @@ itself (``torchvision.io.decode_jpeg``, nvJPEG's batched call on CUDA) is one to
 counted. Also printed: the CPU seconds of the render (its torch ops on the CPU) and of the OpenCV path
 for the same samples, for what they say on this CPU only.
 
-Run:  python benchmarks/render_ops.py                       (yolov5s's setting: 640 px, batch 64)
-      python benchmarks/render_ops.py --imgsz 64 --batch 4  (a smoke run)
+Run:  python benchmarks/speed/render_ops.py                       (yolov5s's setting: 640 px, batch 64)
+      python benchmarks/speed/render_ops.py --imgsz 64 --batch 4  (a smoke run)
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/speed/: step_ops
 from step_ops import _counter_class  # noqa: E402  (tests/hostwait.py's counter, loaded by path)
 
 from ddp_utils.data import DevicePrefetcher, find_images, load_hyp, load_labels, make_shapes_dataset  # noqa: E402

@@ -1,9 +1,10 @@
 """Where runs at two scales part, step by step: each step's own difference, and the accumulated one.
 
-    python benchmarks/scale_steps.py [--n-train 64] [--imgsz 128] [--seed 3] [--dtypes float32 float64] [--dir DIR]
+    python benchmarks/reproducibility/scale_steps.py [--n-train 64] [--imgsz 128] [--seed 3]
+        [--dtypes float32 float64] [--dir DIR]
 
 Trains train.py's first epoch (its loader, optimizer and warm-up, EMA, group-normalised loss, and
-GroupBatchNorm under DDP) on the synthetic set of ``benchmarks/reproducibility.py``, with the model and
+GroupBatchNorm under DDP) on the synthetic set of ``benchmarks/reproducibility/reproducibility.py``, with the model and
 images in each dtype asked for, three ways:
 
 - the reference: one process on one thread (``OMP_NUM_THREADS=1``), its state saved after every step;
@@ -30,9 +31,10 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # this checkout's ddp_utils
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: child_env
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/reproducibility/: reproducibility
 from child_env import with_pythonpath  # noqa: E402  (children keep the caller's PYTHONPATH)
 from reproducibility import data_yaml, relative_norm_difference  # noqa: E402
 
