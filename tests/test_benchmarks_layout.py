@@ -1,6 +1,7 @@
 """benchmarks/ grouped by what each script measures: every path to a script that the docs, the README, the
-benchmarks' own docstrings and the tests name exists, each script is listed in benchmarks/README.md, and a script's
-name is unique across the groups (tests/benchmark_scripts.load_benchmark finds a script by its name)."""
+benchmarks' own docstrings, the package, train.py and the tests name exists, each script is listed in
+benchmarks/README.md, and a script's name is unique across the groups (tests/benchmark_scripts.load_benchmark
+finds a script by its name)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def scripts() -> list[Path]:
 def test_every_script_path_named_in_the_docs_the_readme_the_benchmarks_and_the_tests_exists():
     # CHANGELOG.md and benchmarks/results/*.json are history: they name the paths as they were
     sources = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), BENCHMARKS / "README.md"]
-    sources += scripts() + sorted((REPO / "tests").rglob("*.py"))
+    sources += scripts() + sorted((REPO / "tests").rglob("*.py")) + sorted((REPO / "ddp_utils").rglob("*.py"))
+    sources.append(REPO / "train.py")
     missing = [
         f"{source.relative_to(REPO)}: {path}"
         for source in sources

@@ -28,7 +28,7 @@ AutoAnchor stays on, as a user has it; its verdict is recorded per run (on this 
 default anchors: best possible recall 1.000).
 
 Printed: held-out mAP@0.5 and mAP@0.5:0.95 per seed with mean and standard deviation (n - 1); the
-epochs' wall time of each run (from its log, ``parity_timing.py``: a whole process also holds YOLOv5's
+epochs' wall time of each run (from its log, ``parity_record.py``: a whole process also holds YOLOv5's
 online checks at start and its second validation of best.pt at the end), the whole process's wall and
 CPU time, and the ratios ours / YOLOv5 where both sides ran on the same host; and the per-epoch train
 losses (box, obj, cls; the mean over seeds) of both. The goal (ours' mean mAP@0.5:0.95 within one

@@ -30,12 +30,13 @@ from .memory_format import use_channels_last
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names
-# per CPU kind (cpu_kind): bf16 the default there only where it is faster on train.py and benchmarks/parity.py has
-# shown, over seeds on such a CPU, that it learns as fp32 does; docs/cpu.md says what has been measured so far
+# per CPU kind (cpu_kind): bf16 the default there only where it is faster on train.py and
+# benchmarks/parity/parity.py has shown, over seeds on such a CPU, that it learns as fp32 does;
+# docs/cpu.md says what has been measured so far
 CPU_BF16_BY_DEFAULT = {"amx_bf16": False, "avx512_bf16": False}
 # what --amp bf16 did on train.py against the default mode, per CPU kind, for the log: only what was measured
 BF16_MEASURED = {
-    "amx_bf16": "not measured on train.py yet (python benchmarks/cpu_bf16.py there; docs/cpu.md)",
+    "amx_bf16": "not measured on train.py yet (python benchmarks/speed/cpu_bf16.py there; docs/cpu.md)",
     "avx512_bf16": "was not reliably faster than fp32 on train.py on such a CPU without AMX (docs/cpu.md)",
 }
 

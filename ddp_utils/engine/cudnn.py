@@ -11,7 +11,7 @@ The three modes (train.py's ``--cudnn-benchmark``):
 
 - ``off`` (default): cuDNN's heuristics pick an algorithm at once, as YOLOv5 trains (it never sets
   ``benchmark``). No stall, whatever the shapes. What tuning would gain per step is not known without a
-  GPU: ``benchmarks/gpu_check.py`` measures the steady epoch in each mode on the card, and the default
+  GPU: ``benchmarks/gpu/gpu_check.py`` measures the steady epoch in each mode on the card, and the default
   changes where tuning pays for its stall over a short run.
 - ``on``: autotune each shape when the step first meets it (``benchmark_limit`` caps the algorithms tried).
 - ``warm``: ``on``, and the training shape is tuned on a synthetic batch before the first step, on a copy

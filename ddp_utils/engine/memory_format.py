@@ -23,7 +23,7 @@ def use_channels_last(device: torch.device | str, flags: Collection[str] | None 
     True on CUDA. On the CPU, True where oneDNN runs the convolutions on AVX2 or more (x86): a
     yolov5n step (forward, backward, SGD; batch 16, 1 thread) took 1.3x less time in channels_last
     on an AVX-512 host at 320 px; train.py's epochs took 1.33x (yolov5n) and 1.13x (yolov5s) less on a
-    shared 2-core AVX2 host at 160 px (``python benchmarks/cpu_train_speed.py``, docs/cpu.md). Elsewhere
+    shared 2-core AVX2 host at 160 px (``python benchmarks/speed/cpu_train_speed.py``, docs/cpu.md). Elsewhere
     (Arm, older x86) unmeasured: NCHW, as before.
 
     Args:
