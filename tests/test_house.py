@@ -227,3 +227,13 @@ def test_train_py_main_reads_as_labelled_stages():
     stages = [re.search(r"# ---- (\w+)", line).group(1) for line in lines if "# ---- " in line]
     assert stages == ["launch", "resume", "data", "model", "optimizer", "epochs"], stages
     assert any(isinstance(node, (ast.For, ast.While)) for node in ast.walk(tree)), "the epoch loop is written out"
+
+
+def test_every_package_of_the_house_ships_in_the_wheel():
+    """pyproject.toml lists the packages a wheel holds by name: a new room missing there installs without its code."""
+    pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
+    listed = set(re.findall(r'^\s+"(ddp_utils[\w.]*)",$', pyproject.split("packages = [", 1)[1].split("]", 1)[0], re.M))
+    packages = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert packages - listed == set(), (
+        f"packages missing from pyproject.toml's [tool.setuptools] packages: {packages - listed}"
+    )
