@@ -15,7 +15,7 @@ What lives where, in the order a run meets it:
 - ``training.py``: :class:`Training`, what the epochs work with, and ``build_training``, which puts the step
   together in the one order that works (each rule a named function that says why).
 - ``records.py``: :class:`Records`, what a run keeps while it trains, opened together (``open_records``):
-  ``loggers.py`` (results.csv, TensorBoard), ``trackers.py`` (W&B, MLflow, ClearML, Comet, DVCLive),
+  ``loggers.py`` (results.csv, TensorBoard), ``trackers.py`` (MLflow, Weights & Biases),
   ``early_stop.py`` (:class:`EarlyStopping`, :func:`is_new_best`), ``saves.py`` (``RunSaves``: the epoch's,
   the periodic and the stop's saves), ``control.py`` (:class:`StepControl`: per step go on / save / stop, the
   same on every rank, from ``signals.py``'s :class:`PreemptionHandler`, the save clock and the non-finite
