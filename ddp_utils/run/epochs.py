@@ -43,7 +43,7 @@ def end_epoch(
     metrics, val_loss = validated
     step, control = fit.step, records.control
     lrs = [group["lr"] for group in step.optimizer.param_groups]  # the epoch's, before the schedule steps
-    train_loss = reduce_tensor(stats.loss, op="mean").cpu()
+    train_loss = reduce_tensor(stats.loss, op="mean").cpu()  # the host waits for the GPU here, once an epoch
     fit.scheduler.step()
     stop = any_rank(bool(records.stopper(epoch, fitness(metrics))))
     best = is_new_best(fitness(metrics), fit.state.best_fitness, control.epoch_skipped)
