@@ -45,8 +45,9 @@ def end_epoch(
     lrs = [group["lr"] for group in step.optimizer.param_groups]  # the epoch's, before the schedule steps
     train_loss = reduce_tensor(stats.loss, op="mean").cpu()  # the host waits for the GPU here, once an epoch
     fit.scheduler.step()
-    stop = any_rank(bool(records.stopper(epoch, fitness(metrics))))
-    best = is_new_best(fitness(metrics), fit.state.best_fitness, control.epoch_skipped)
+    score = fitness(metrics)
+    stop = any_rank(bool(records.stopper(epoch, score)))
+    best = is_new_best(score, fit.state.best_fitness, control.epoch_skipped)
     fit.state = fit.state.epoch_done(
         step.last_opt_step, records.stopper, metrics, val_loss, _class_maps(run, fit, metrics), control.skipped
     )
