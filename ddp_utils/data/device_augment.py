@@ -1,267 +1,244 @@
-"""A batch of training images rendered on the device from its recipes: decode, place, warp, mix, colour, flip.
+"""A batch of training images made on the device from its recipes: decode, resize, then one fused render.
 
-The loader's workers send a :class:`~ddp_utils.data.recipes.RecipeBatch` (the random draws and
-the labels made as ever, JPEG bytes for the pixels); :func:`render_batch` makes the
-``[B, 3, H, W]`` uint8 RGB batch that ``YoloDataset`` would have made, with torch operations
-on the training process's device:
+The loader's workers send a :class:`~ddp_utils.data.recipes.RecipeBatch` (the random draws and the
+labels made as ever, the JPEG files' bytes in one shared-memory tensor); a :class:`Renderer` makes the
+``[B, 3, H, W]`` batch that ``YoloDataset`` would have made, in a handful of launches whatever the
+batch size, the number of image sizes or the mixup rate:
 
-- JPEGs decoded together (``torchvision.io.decode_jpeg`` on a list: nvJPEG's batched decode on
-  CUDA, libjpeg-turbo on the CPU, the same pixels as the CPU path's decoder there); a file it
-  cannot decode goes to the CPU path's decoder (OpenCV, with its message), and images the workers
-  decoded already (other formats, EXIF-rotated JPEGs, cached images) arrive as pixels;
-- each resized to its tile (bilinear, as ``cv2.resize``'s INTER_LINEAR);
-- every output pixel of every mosaic (or letterboxed image) mapped back through its transform,
-  the general perspective case included, and read from its tile bilinearly, the tiles in the CPU
-  path's order with OpenCV's transparent border (a pixel partly outside a tile blends with what
-  is already there), coordinates on OpenCV's 1/32-pixel grid;
-- mixup, OpenCV's 8-bit HSV round trip with the gains, and the flips.
+1. the JPEGs decoded in one batched call (``decode.py``: nvJPEG through TorchCodec on CUDA,
+   guarded against writing into memory queued work still reads); a file the decoder refuses is
+   decoded on the host (the CPU path's decoder), said once in the log;
+2. the decoded images and the workers' pixels (other formats, EXIF-rotated JPEGs, cached images) in
+   one flat buffer (one copy), then every tile resized in ONE kernel where a source is not its tile's
+   size (``render_kernels.resize_tiles``);
+3. the batch's tables (``render_plan.py``) copied in one transfer, then ONE kernel renders every
+   sample (``render_kernels.render_rows``): warps with OpenCV's transparent border on its 1/32-pixel
+   grid, the HSV round trip in 32-bit integers, the flips, the float32 ``0-1`` output the step takes
+   (``channels_last``); the samples with a mixup, and only those, are rendered again with both layers
+   by a second kernel and put in their places.
 
-So the same draws give the same boxes and, to interpolation rounding, the same pixels: on the
-CPU ``tests/data/test_device_augment.py`` compares the two paths image by image. Nothing here
-waits for the device: every size and index is known on the host from the recipes, masks are
-``torch.where``, never a boolean index (the host-wait counter in the tests covers it).
+Both kernels are ``torch.compile``'d (Inductor: Triton on CUDA, C++ on the CPU) and compiled ahead
+(:meth:`Renderer.warm_up`, in the background); where no compiler works, the same functions run eagerly,
+in chunks of bounded memory. Sources larger than a budget (12-megapixel photos) are decoded and resized
+a group at a time, so each original is freed once its tile exists. On the CPU
+``tests/data/test_device_augment.py`` compares the images with the CPU path's for the same draws.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
 
 import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812 (torch's own spelling)
 
 from ..log import LOGGER
-from .recipes import RecipeBatch, decode_on_host
-from .warp import PAD_COLOR
+from .decode import jpeg_decoder
+from .recipes import Layer, Placement, Recipe, RecipeBatch, decode_on_host, pack_sources
+from .render_kernels import H_TABLE, S_TABLE, coordinates, render_rows, resize_tiles
+from .render_plan import Layout, bgr_layout, chw_layout, padded_layouts, row_tables, tables_on, tile_table
 
-_PIXELS_AT_ONCE = 2**22  # output pixels rendered together: bounds the per-pixel temporaries (~50 MB each at most)
-_GRID = 32.0  # OpenCV's remap: source coordinates on a 1/32-pixel grid (INTER_BITS = 5)
+DECODE_GROUP_BYTES = 2**30  # most decoded pixels alive at once: larger batches are decoded and resized in groups
+_EAGER_PIXELS = 2**20  # eager fallback: output pixels rendered together (bounds its per-pixel temporaries)
 
 
-def render_batch(batch: RecipeBatch, device: torch.device | str) -> torch.Tensor:
-    """The batch's images, uint8 RGB [B, 3, H, W] on ``device``.
+class Renderer:
+    """Renders :class:`RecipeBatch` es on one device (module docstring).
 
     Args:
-        batch: what the workers sent (``RecipeCollate``).
         device: where to decode and render.
-
-    Returns:
-        The images, as ``YoloDataset`` would have made them (to interpolation rounding).
-    """
-    device = torch.device(device)
-    tiles = decode_tiles(batch, device)
-    side = max(max(size) for size in batch.sizes) if tiles else 1
-    stack = torch.zeros((max(len(tiles), 1), 3, side, side), dtype=torch.uint8, device=device)
-    for i, tile in enumerate(tiles):
-        stack[i, :, : tile.shape[1], : tile.shape[2]] = tile
-    h, w = batch.recipes[0].size
-    if any(recipe.size != (h, w) for recipe in batch.recipes):  # the loader's batches share one shape
-        raise ValueError(f"a batch's images differ in size: {sorted({r.size for r in batch.recipes})}")
-    out = torch.empty((len(batch), 3, h, w), dtype=torch.uint8, device=device)
-    chunk = max(_PIXELS_AT_ONCE // (h * w), 1)
-    for first in range(0, len(batch), chunk):
-        recipes = batch.recipes[first : first + chunk]
-        out[first : first + len(recipes)] = _render(recipes, stack, (h, w), device)
-    return out
-
-
-def decode_tiles(batch: RecipeBatch, device: torch.device) -> list[torch.Tensor]:
-    """Each source as its tile, uint8 RGB [3, h, w] on ``device``: JPEGs decoded together, then resized."""
-    decoded: list[torch.Tensor | None] = [None] * len(batch.sources)
-    jpegs = [i for i, source in enumerate(batch.sources) if isinstance(source, (bytes, bytearray))]
-    for i, image in zip(jpegs, _decode_jpegs([batch.sources[i] for i in jpegs], device)):
-        decoded[i] = image
-    tiles = []
-    for i, image in enumerate(decoded):
-        if image is None:  # pixels from the worker, or a JPEG the device could not decode: the CPU path's
-            bgr = decode_on_host(batch.sources[i], batch.sizes[i], batch.paths[i])
-            image = _on(device, np.ascontiguousarray(bgr[:, :, ::-1].transpose(2, 0, 1)), torch.uint8)
-        tiles.append(_resized(image, batch.sizes[i]))
-    return tiles
-
-
-def _decode_jpegs(datas: Sequence[bytes], device: torch.device) -> list[torch.Tensor | None]:
-    # one batched call; if it refuses the batch, each alone, None for those that fail (decoded on the host)
-    if not datas:
-        return []
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torchvision 0.29 points to TorchCodec, which we do not need
-        try:
-            return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device))
-        except RuntimeError:
-            images = []
-            for tensor in tensors:
-                try:
-                    images.append(decode_jpeg([tensor], mode=ImageReadMode.RGB, device=device)[0])
-                except RuntimeError:
-                    images.append(None)
-            return images
-
-
-def _resized(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    # load_image's resize for training (INTER_LINEAR): bilinear at half-pixel centres, no antialiasing
-    if tuple(image.shape[1:]) == tuple(size):
-        return image.contiguous()
-    resized = F.interpolate(image[None].float(), size=tuple(size), mode="bilinear", align_corners=False)
-    return resized[0].round_().clamp_(0, 255).to(torch.uint8)
-
-
-def _render(recipes, stack, size, device) -> torch.Tensor:
-    # one chunk of samples: each layer warped, the mixup, the colours, the flips
-    n = len(recipes)
-    layers = [_warp_layer([r.layers[0] for r in recipes], stack, size, device)]
-    if any(r.mix is not None for r in recipes):  # a sample without a mixup: its first layer stands in, unread
-        second = [r.layers[1] if r.mix is not None else r.layers[0] for r in recipes]
-        layers.append(_warp_layer(second, stack, size, device))
-        ratio = _on(device, [r.mix if r.mix is not None else 1.0 for r in recipes], torch.float32).view(n, 1, 1, 1)
-        blend = (layers[0] * ratio + layers[1] * (1 - ratio)).trunc_()  # mixup's float32 sum, cast to uint8
-        has_mix = _on(device, [r.mix is not None for r in recipes], torch.bool).view(n, 1, 1, 1)
-        img = torch.where(has_mix, blend, layers[0])
-    else:
-        img = layers[0]
-    img = img.to(torch.uint8)
-    if any(r.gains is not None for r in recipes):
-        gains = _on(device, [r.gains if r.gains is not None else (1.0, 1.0, 1.0) for r in recipes], torch.float32)
-        has_gains = _on(device, [r.gains is not None for r in recipes], torch.bool).view(n, 1, 1, 1)
-        img = torch.where(has_gains, hsv_jitter(img, gains), img)
-    for dim, flags in ((2, [r.flip_ud for r in recipes]), (3, [r.flip_lr for r in recipes])):
-        if any(flags):
-            img = torch.where(_on(device, flags, torch.bool).view(n, 1, 1, 1), img.flip(dim), img)
-    return img
-
-
-def _on(device: torch.device, values, dtype: torch.dtype) -> torch.Tensor:
-    # an array made on the host, copied from pinned memory: a copy from pageable memory would make the host wait
-    # for the stream's queued work
-    table = torch.as_tensor(np.asarray(values), dtype=dtype)
-    if device.type == "cuda":
-        return table.pin_memory().to(device, non_blocking=True)
-    return table.to(device)
-
-
-_TABLES: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def _table(device: torch.device, array: np.ndarray) -> torch.Tensor:
-    # one of this module's constant tables on the device, copied there once
-    key = (device, id(array))
-    if key not in _TABLES:
-        _TABLES[key] = _on(device, array, torch.int64)
-    return _TABLES[key]
-
-
-def _warp_layer(layers, stack, size, device) -> torch.Tensor:
-    # every output pixel back to its canvas, then drawn from the tiles in turn (float32 [n, 3, h, w] holding uint8
-    # values)
-    n, (h, w) = len(layers), size
-    inverse = _on(device, np.stack([layer.inverse for layer in layers]), torch.float64).float()
-    ys = torch.arange(h, device=device, dtype=torch.float32).view(1, h, 1)
-    xs = torch.arange(w, device=device, dtype=torch.float32).view(1, 1, w)
-    row = [inverse[:, i].view(n, 3, 1, 1) for i in range(3)]
-    z = row[2][:, 0] * xs + row[2][:, 1] * ys + row[2][:, 2]
-    x = (row[0][:, 0] * xs + row[0][:, 1] * ys + row[0][:, 2]) / z  # [n, h, w] canvas points
-    y = (row[1][:, 0] * xs + row[1][:, 1] * ys + row[1][:, 2]) / z
-    tiles, crops, affine = _placement_tables(layers)
-    tiles, crops = _on(device, tiles, torch.int64), _on(device, crops, torch.int64)
-    affine = _on(device, affine, torch.float64).float()
-    out = torch.full((n, 3, h, w), float(PAD_COLOR[0]), device=device)
-    for k in range(tiles.shape[1]):
-        out = _draw_tile(out, stack, tiles[:, k], crops[:, k], affine[:, k], x, y)
-    return out
-
-
-def _placement_tables(layers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # per sample and placement: its tile, its crop (u0, v0, u1, v1) and (sx, ox, sy, oy); a sample with fewer
-    # placements has empty crops in their place, which draw no pixel
-    count = max(len(layer.placements) for layer in layers)
-    tiles, crops, affine = (np.zeros((len(layers), count, k), t) for k, t in ((1, np.int64), (4, np.int64), (4, float)))
-    for i, layer in enumerate(layers):
-        for k, p in enumerate(layer.placements):
-            tiles[i, k], crops[i, k], affine[i, k] = p.image, p.crop, p.affine
-    return tiles[..., 0], crops, affine
-
-
-def _draw_tile(out, stack, tiles, crops, affine, x, y) -> torch.Tensor:
-    # OpenCV's warp with BORDER_TRANSPARENT, on its 1/32-pixel grid: a pixel whose source has any of its four
-    # neighbours in the tile's crop is written, the neighbours outside the crop reading the pixel's present value.
-    # grid_sample reads the crop (zero outside) and, as a fourth channel, its mask: the weight of the neighbours
-    # inside; the rest of the weight goes to the present value.
-    n, side = len(tiles), stack.shape[-1]
-    sx, ox, sy, oy = (a.view(n, 1, 1) for a in affine.unbind(1))
-    u = ((sx * x + ox) * _GRID).round_() / _GRID
-    v = ((sy * y + oy) * _GRID).round_() / _GRID
-    grid = torch.stack((u, v), -1).mul_(2.0 / max(side - 1, 1)).sub_(1.0)  # align_corners=True: pixel i at i
-    span = torch.arange(side, device=stack.device)
-    u0, v0, u1, v1 = (c.view(n, 1, 1, 1) for c in crops.unbind(1))
-    inside = ((span.view(1, 1, 1, -1) >= u0) & (span.view(1, 1, 1, -1) < u1)).float()
-    inside = inside * ((span.view(1, 1, -1, 1) >= v0) & (span.view(1, 1, -1, 1) < v1)).float()  # [n, 1, s, s]
-    source = torch.cat((stack.index_select(0, tiles).float() * inside, inside), 1)
-    sampled = F.grid_sample(source, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
-    weight = sampled[:, 3:]
-    value = (sampled[:, :3] + (1 - weight) * out).round_().clamp_(0, 255)
-    return torch.where(weight > 0, value, out)
-
-
-# OpenCV's 8-bit BGR2HSV: fixed-point divisions by tables rounded from (255 << 12) / v and (180 << 12) / (6 d)
-_SHIFT = 12
-_S_TABLE = np.concatenate(([0], np.round((255 << _SHIFT) / np.arange(1, 256)))).astype(np.int64)
-_H_TABLE = np.concatenate(([0], np.round((180 << _SHIFT) / (6.0 * np.arange(1, 256))))).astype(np.int64)
-# HSV2BGR's sectors: which of (v, v(1 - s), v(1 - s f), v(1 - s (1 - f))) each of r, g, b takes
-_SECTORS = np.array([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
-_ONE = {c: float(np.float32(c)) for c in (6.0 / 180.0, 1.0 / 255.0)}  # OpenCV's float32 constants
-
-
-def hsv_jitter(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
-    """``augment_hsv``'s colours on a batch: OpenCV's 8-bit HSV round trip with each image's gains.
-
-    Args:
-        img: uint8 RGB [n, 3, h, w].
-        gains: [n, 3] float32, the (h, s, v) gains.
-
-    Returns:
-        uint8 RGB [n, 3, h, w].
+        compiled: compile the kernels (default: where ``torch.compile`` works); False runs them eagerly.
 
     Examples:
-        >>> red = torch.tensor([200, 0, 0], dtype=torch.uint8).view(1, 3, 1, 1)
-        >>> hsv_jitter(red, torch.tensor([[1.0, 1.0, 0.5]])).flatten().tolist()
-        [100, 0, 0]
+        >>> renderer = Renderer("cpu", compiled=False)
+        >>> tuple(renderer(warm_up_batch(), to_float=False).shape)
+        (3, 3, 40, 56)
     """
-    device = img.device
-    r, g, b = img.long().unbind(1)
-    v = torch.maximum(torch.maximum(r, g), b)
-    diff = v - torch.minimum(torch.minimum(r, g), b)
-    s_table, h_table = (_table(device, t) for t in (_S_TABLE, _H_TABLE))
-    s = (diff * s_table[v] + (1 << (_SHIFT - 1))) >> _SHIFT
-    hue = torch.where(v == r, g - b, torch.where(v == g, b - r + 2 * diff, r - g + 4 * diff))
-    hue = (hue * h_table[diff] + (1 << (_SHIFT - 1))) >> _SHIFT
-    hue = torch.where(hue < 0, hue + 180, hue)
-    # cv2.transform with the diagonal gains: float32 products, rounded and saturated to uint8
-    hsv = torch.stack((hue, s, v), 1).float() * gains.view(-1, 3, 1, 1)
-    hue, s, v = hsv.round_().clamp_(0, 255).unbind(1)
-    # HSV2BGR as OpenCV's vector code computes it: hue in half degrees (6 / 180 per unit, float32), its sector
-    # modulo 6, the channels in float32 and truncated to uint8
-    hue = hue * _ONE[6.0 / 180.0]
-    sector = hue.trunc()
-    f = hue - sector
-    s, v = s * _ONE[1.0 / 255.0], v * _ONE[1.0 / 255.0]
-    tab = torch.stack((v, v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))), 1)
-    sectors = _table(device, _SECTORS)[:, sector.long().remainder_(6)]  # [3, n, h, w]
-    rgb = tab.gather(1, sectors.permute(1, 0, 2, 3))
-    return (rgb * 255).trunc_().clamp_(0, 255).to(torch.uint8)
+
+    def __init__(self, device: torch.device | str, compiled: bool | None = None) -> None:
+        self.device = torch.device(device)
+        self.decoder = jpeg_decoder(self.device)
+        self.compiled = compiled
+        self.host_decoded: set[str] = set()  # files the device decoder refused: decoded on the host from now on
+        self._hsv: torch.Tensor | None = None
+        self._spans: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, batch: RecipeBatch, to_float: bool = True, channels_last: bool = True) -> torch.Tensor:
+        """The batch's images: float32 0-1 (``channels_last`` or not) or uint8 0-255, ``[B, 3, H, W]``."""
+        h, w = batch.recipes[0].size
+        if any(recipe.size != (h, w) for recipe in batch.recipes):  # the loader's batches share one shape
+            raise ValueError(f"a batch's images differ in size: {sorted({r.size for r in batch.recipes})}")
+        tiles, layouts = self._tiles(batch)
+        recipes, n = batch.recipes, len(batch)
+        mixed = [i for i, recipe in enumerate(recipes) if recipe.mix is not None]
+        arrays = [*row_tables(recipes, layouts)]
+        if mixed:
+            arrays += [*row_tables([recipes[i] for i in mixed], layouts), np.array(mixed, np.int64)]
+        tables = tables_on(self.device, arrays)
+        options = dict(to_float=True, channels_last=channels_last)  # one compiled kernel; uint8 made from it
+        if len(mixed) == n:  # every sample mixes: its second kernel alone
+            out = self._render(tiles, *tables[2:4], (h, w), 2, options)[:n]
+        else:
+            out = self._render(tiles, *tables[:2], (h, w), 1, options)[:n]
+            if mixed:  # the samples with a mixup, and only those, with both layers
+                out[tables[4]] = self._render(tiles, *tables[2:4], (h, w), 2, options)[: len(mixed)]
+        return out if to_float else out.mul_(255).round_().to(torch.uint8)
+
+    def warm_up(self, to_float: bool = True, channels_last: bool = True) -> threading.Thread:
+        """Compile the kernels now, in a background thread (off the first step's path); returns the thread.
+
+        Inductor keeps what it compiled on disk (``TORCHINDUCTOR_CACHE_DIR``, by default under the temporary
+        directory): a later run loads it in a second or two.
+        """
+        thread = threading.Thread(
+            target=self, args=(warm_up_batch(),), kwargs=dict(to_float=to_float, channels_last=channels_last)
+        )
+        thread.name, thread.daemon = "ddp_utils-render-compile", True
+        thread.start()
+        return thread
+
+    # ---- the tiles ----
+    def _tiles(self, batch: RecipeBatch) -> tuple[torch.Tensor, list[Layout]]:
+        # every source in one flat buffer; resized (into squares) where a source is not its tile's size
+        groups = _groups(batch)
+        flats, layouts = zip(*(self._sources(batch, group) for group in groups))
+        if len(groups) == 1 and all(batch.originals[i] == batch.sizes[i] for i in groups[0]):
+            return flats[0], _in_order(groups, layouts)
+        side = max(max(size) for size in batch.sizes)
+        tiles = []
+        for group, flat, group_layouts in zip(groups, flats, layouts):
+            table = tile_table(group_layouts, [batch.originals[i] for i in group], [batch.sizes[i] for i in group])
+            (table,) = tables_on(self.device, [table])
+            tiles.append(self._resize(flat, table, side)[: len(group)].reshape(-1))
+        flat = tiles[0] if len(tiles) == 1 else torch.cat(tiles)
+        return flat, _in_order(groups, [padded_layouts(len(batch.sizes), side)])
+
+    def _sources(self, batch: RecipeBatch, group: list[int]) -> tuple[torch.Tensor, list[Layout]]:
+        # a group's sources decoded (JPEGs) or copied (pixels) to the device, in one flat buffer: (buffer, layouts)
+        jpegs = [i for i in group if batch.jpeg[i] and batch.paths[i] not in self.host_decoded]
+        decoded = self.decoder.decode([batch.source(i) for i in jpegs]) if jpegs and self.decoder else []
+        images = dict(zip(jpegs, decoded))
+        host = []  # sources decoded on the host: files the decoder refused, or with no decoder at all
+        for i in group:
+            image = images.get(i)
+            if batch.jpeg[i] and (image is None or tuple(image.shape[1:]) != batch.originals[i]):
+                images.pop(i, None)
+                host.append(i)
+                self._refused(batch.paths[i])
+        parts, layouts, start = [], {}, 0
+        for i, image in images.items():
+            flat, strides = _flat_in_memory_order(image)
+            parts.append(flat)
+            layouts[i] = chw_layout(start, strides)
+            start += flat.numel()
+        pixels = [i for i in group if not batch.jpeg[i]] + host
+        if pixels:
+            block = _pixel_block(batch, pixels)
+            parts.append(block.to(self.device, non_blocking=True) if self.device.type == "cuda" else block)
+            for i in pixels:
+                layouts[i] = bgr_layout(start, batch.sizes[i][1])
+                start += 3 * batch.sizes[i][0] * batch.sizes[i][1]
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return flat, [layouts[i] for i in group]
+
+    def _refused(self, path: str) -> None:
+        if path not in self.host_decoded and self.decoder is not None:
+            LOGGER.warning(f"{path}: the {self.decoder.name} decoder cannot decode it; decoded on the host from now on")
+        self.host_decoded.add(path)
+
+    # ---- the kernels ----
+    def _resize(self, flat: torch.Tensor, table: torch.Tensor, side: int) -> torch.Tensor:
+        span = self._coordinates(side)[0]
+        if self._compiling():
+            return self._compiled(resize_tiles, (flat, table, span), [(flat, 0), (table, 0)])
+        step = max(_EAGER_PIXELS // side**2, 1)
+        return torch.cat([resize_tiles(flat, table[k : k + step], span) for k in range(0, len(table), step)])
+
+    def _render(self, tiles, ints, floats, size, layers, options) -> torch.Tensor:
+        if self._hsv is None:
+            (self._hsv,) = tables_on(self.device, [np.stack((S_TABLE, H_TABLE))])
+        ys, xs = self._coordinates(size[0])[1], self._coordinates(size[1])[1]
+        if self._compiling():
+            args = (tiles, ints, floats, self._hsv, ys, xs, layers)
+            dynamic = [(tiles, 0), (ints, 0), (floats, 0)]
+            return self._compiled(render_rows, args, dynamic, **options)
+        step = max(_EAGER_PIXELS // (size[0] * size[1]), 1)
+        parts = [
+            render_rows(tiles, ints[k : k + step], floats[k : k + step], self._hsv, ys, xs, layers, **options)
+            for k in range(0, len(ints), step)
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _coordinates(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # made once per size on the device (no launch per batch)
+        if size not in self._spans:
+            self._spans[size] = coordinates(size, self.device)
+        return self._spans[size]
+
+    def _compiling(self) -> bool:
+        if self.compiled is None:  # the first use decides: compiled where Inductor works here
+            self.compiled = inductor_works(self.device)
+        return self.compiled
+
+    def _compiled(self, function: Callable, args: tuple, dynamic: list, **kwargs) -> torch.Tensor:
+        # The sizes that vary from batch to batch (rows, sources) are symbols from the first compilation; the image
+        # size is a constant there (a run renders one size; a symbol for it triples the tracing), and becomes a
+        # symbol at a second size (rect batches) by torch.compile's own automatic dynamic shapes: two at most.
+        for tensor, dim in dynamic:
+            torch._dynamo.mark_dynamic(tensor, dim)
+        with _COMPILE_LOCK:  # one compilation at a time (the warm-up thread and the loader's may meet)
+            if function not in _COMPILED:
+                _COMPILED[function] = torch.compile(function, fullgraph=True)
+        with _inductor_options():
+            return _COMPILED[function](*args, **kwargs)
+
+
+_RENDERERS: dict[torch.device, Renderer] = {}
+
+
+def renderer_for(device: torch.device | str) -> Renderer:
+    """The process's :class:`Renderer` for ``device`` (its compiled kernels and decoder made once)."""
+    device = torch.device(device)
+    if device not in _RENDERERS:
+        _RENDERERS[device] = Renderer(device)
+    return _RENDERERS[device]
+
+
+def render_batch(
+    batch: RecipeBatch, device: torch.device | str, to_float: bool = False, channels_last: bool = False
+) -> torch.Tensor:
+    """The batch's images on ``device``: uint8 RGB ``[B, 3, H, W]`` as ``YoloDataset`` makes them (to
+    interpolation rounding), or with ``to_float`` float32 0-1, as the step takes them.
+
+    Examples:
+        >>> images = render_batch(warm_up_batch(), "cpu")
+        >>> images.dtype, tuple(images.shape)
+        (torch.uint8, (3, 3, 40, 56))
+    """
+    return renderer_for(device)(batch, to_float=to_float, channels_last=channels_last)
 
 
 def augment_place(choice: str, device: torch.device | str, quad: bool = False, cache: str | None = None) -> str:
     """Where train.py's training images are made: ``"device"`` or ``"workers"`` (``--augment-on``).
 
+    Examples:
+        >>> augment_place("auto", "cpu"), augment_place("device", "cpu")
+        ('workers', 'device')
+    """
+    return augment_choice(choice, device, quad, cache)[0]
+
+
+def augment_choice(
+    choice: str, device: torch.device | str, quad: bool = False, cache: str | None = None
+) -> tuple[str, str]:
+    """Where the training images are made and the log line that says so, and why.
+
     ``"auto"`` is the device on CUDA, where the workers would keep the card waiting (a worker spends
-    about 29 ms on a 640 px mosaic), unless the quad loader (its collate makes the batch), an image
-    cache (its decoded pixels would travel from the workers) or a torchvision that cannot decode
-    JPEGs on that device says otherwise; the workers everywhere else (the CPU path, bit-identical).
+    about 29 ms on a 640 px mosaic), if a JPEG decoder loads there (``decode.py``), unless the quad
+    loader (its collate makes the batch) or an image cache (its decoded pixels would travel from the
+    workers) says otherwise; the workers everywhere else (the CPU path, bit-identical).
 
     Args:
         choice: "auto", "workers" or "device".
@@ -269,25 +246,149 @@ def augment_place(choice: str, device: torch.device | str, quad: bool = False, c
         quad: the quad loader is on.
         cache: the image cache ("ram", "disk" or None).
 
+    Returns:
+        ("device" or "workers", the line: ``images made on the device cuda:0 (...)`` or ``images made on the
+        loader workers (...)``).
+
     Examples:
-        >>> augment_place("auto", "cpu"), augment_place("device", "cpu")
-        ('workers', 'device')
+        >>> augment_choice("auto", "cpu")[1]
+        'images made on the loader workers (OpenCV): --augment-on auto on cpu (the device path is for CUDA)'
     """
     device = torch.device(device)
-    if choice != "auto":
-        return choice
-    if device.type != "cuda" or quad or cache:
-        return "workers"
-    if not decodes_jpeg_on(device):
-        LOGGER.info(f"--augment-on auto: torchvision cannot decode JPEGs on {device}; the loader workers augment")
-        return "workers"
-    return "device"
+    option = f"--augment-on {choice}"
+    if choice == "workers":
+        return "workers", f"images made on the loader workers (OpenCV): {option}"
+    reason = None
+    if choice == "auto" and device.type != "cuda":
+        reason = f"{option} on {device} (the device path is for CUDA)"
+    elif choice == "auto" and quad:
+        reason = f"{option} with --quad (its collate makes the batch in the workers)"
+    elif choice == "auto" and cache:
+        reason = f"{option} with --cache {cache} (the cached pixels are in the workers)"
+    if reason is None:
+        decoder = jpeg_decoder(device)
+        if decoder is None and choice == "auto":
+            reason = f"{option}: no JPEG decoder loads on {device} (neither TorchCodec nor torchvision decodes there)"
+        elif decoder is None:  # asked for: the workers' pixels still reach the device render
+            return "device", f"images made on the device {device} ({option}): no JPEG decoder loads there, the " \
+                "workers decode them (OpenCV) and the device renders"
+        else:
+            return "device", f"images made on the device {device} ({option}): decoded by {decoder.name}, " \
+                "augmented by the fused render"
+    return "workers", f"images made on the loader workers (OpenCV): {reason}"
 
 
-def decodes_jpeg_on(device: torch.device) -> bool:
-    """Whether torchvision decodes a JPEG on ``device`` (nvJPEG on CUDA)."""
-    ok, encoded = cv2.imencode(".jpg", np.full((8, 8, 3), PAD_COLOR[0], np.uint8))
-    return ok and _decode_jpegs([encoded.tobytes()], device)[0] is not None
+def _groups(batch: RecipeBatch) -> list[list[int]]:
+    # sources in groups whose decoded JPEG pixels stay within DECODE_GROUP_BYTES; the workers' pixels in the last
+    groups, current, size = [], [], 0
+    for i in range(len(batch.sizes)):
+        if not batch.jpeg[i]:
+            continue
+        need = 3 * batch.originals[i][0] * batch.originals[i][1]
+        if current and size + need > DECODE_GROUP_BYTES:
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += need
+    current += [i for i in range(len(batch.sizes)) if not batch.jpeg[i]]
+    return [*groups, current] if current else groups
 
 
-__all__ = ["augment_place", "decode_tiles", "decodes_jpeg_on", "hsv_jitter", "render_batch"]
+def _in_order(groups: Sequence[list[int]], layouts: Sequence[Sequence[Layout]]) -> list[Layout]:
+    # the layouts by source index (each group's in its order; padded tiles numbered across the groups)
+    order = [i for group in groups for i in group]
+    flat = [layout for group_layouts in layouts for layout in group_layouts]
+    by_source = [None] * len(order)
+    for position, i in enumerate(order):
+        by_source[i] = flat[position]
+    return by_source
+
+
+def _flat_in_memory_order(image: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    # a decoded [3, h, w] image as its memory, flat, and its strides (a CPU decoder gives HWC memory)
+    if image.storage_offset() == 0 and image.untyped_storage().nbytes() == image.numel():
+        order = sorted(range(3), key=lambda d: -image.stride(d))
+        flat = image.permute(order)
+        if flat.is_contiguous():
+            return flat.view(-1), image.stride()
+    image = image.contiguous()
+    return image.view(-1), image.stride()
+
+
+def _pixel_block(batch: RecipeBatch, sources: list[int]) -> torch.Tensor:
+    # the pixels of these sources, back to back (BGR HWC tiles): a view of batch.data where the workers put them so
+    spans = [batch.spans[i] for i in sources]
+    if all(not batch.jpeg[i] for i in sources) and all(a[1] == b[0] for a, b in zip(spans, spans[1:])):
+        return batch.data[spans[0][0] : spans[-1][1]]
+    arrays = [batch.source(i) if not batch.jpeg[i] else _host_tile(batch, i) for i in sources]
+    return torch.from_numpy(np.concatenate([np.ascontiguousarray(a).reshape(-1) for a in arrays]))
+
+
+def _host_tile(batch: RecipeBatch, i: int) -> np.ndarray:
+    source = batch.source(i)
+    return decode_on_host(bytes(source.numpy()) if isinstance(source, torch.Tensor) else source, batch.sizes[i],
+                          batch.paths[i])  # fmt: skip
+
+
+_COMPILED: dict[Callable, Callable] = {}
+_COMPILE_LOCK = threading.RLock()
+_WORKS: dict[str, bool] = {}
+
+
+def _inductor_options() -> contextlib.AbstractContextManager:
+    # The C++ backend's vectorisation buys nothing for kernels of gathers (the same time for a 640 px batch of 64)
+    # and costs most of the compile (a quarter of the time without it): the CPU kernels are compiled scalar.
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch({"cpp.vec_isa_ok": False})
+
+
+def inductor_works(device: torch.device) -> bool:
+    """Whether ``torch.compile`` (Inductor) compiles here for ``device``'s kind (a C++ compiler for the CPU,
+    Triton for CUDA): one tiny kernel compiled, once per process; where it cannot, the log says so once and the
+    device render runs its kernels uncompiled (slower, the same numbers)."""
+    kind = torch.device(device).type
+    with _COMPILE_LOCK:
+        if kind not in _WORKS:
+            try:
+                torch.compile(lambda x: x * 2 + 1, dynamic=False)(torch.ones(4, device=device))
+                _WORKS[kind] = True
+            except Exception as exc:  # noqa: BLE001 (any compiler failure: the eager form computes the same)
+                LOGGER.warning(f"torch.compile cannot compile for {kind} here ({type(exc).__name__}: {exc}); "
+                               "the device render runs uncompiled, slower")  # fmt: skip
+                _WORKS[kind] = False
+        return _WORKS[kind]
+
+
+def warm_up_batch() -> RecipeBatch:
+    """A small batch of every kind the kernels take (a resize, a mixup, HSV, flips), of shapes unlike each
+    other's (so the compiled kernels stay general): what :meth:`Renderer.warm_up` renders."""
+    rng = np.random.default_rng(0)
+    jpegs = [cv2.imencode(".jpg", rng.integers(0, 256, (30, 20, 3), dtype=np.uint8))[1].tobytes() for _ in range(2)]
+    pixels = rng.integers(0, 256, (45, 30, 3), dtype=np.uint8)
+    # a mosaic of three tiles around (30, 45) on a 60 x 90 canvas (the fourth quadrant empty), and a letterbox
+    placements = [
+        Placement(k, (x, y, x + 30, y + 45), (1.0, -float(x), 1.0, -float(y)), (0, 0, 30, 45))
+        for k, (x, y) in enumerate([(0, 0), (30, 0), (30, 45)])
+    ]
+    mosaic = Layer(np.diag([60 / 56, 90 / 40, 1.0]), placements, (30, 45))
+    letterbox = Layer(np.eye(3), [Placement(1, (0, 0, 30, 45), (0.5, 0.25, 0.5, 0.25), (0, 0, 30, 45))])
+    gains = np.array([1.01, 0.7, 1.3])
+    recipes = [
+        Recipe((40, 56), [mosaic], None, gains, False, True),
+        Recipe((40, 56), [mosaic, letterbox], 0.4, gains, True, False),
+        Recipe((40, 56), [letterbox], None, None, False, False),
+    ]
+    return pack_sources(recipes, [*jpegs, pixels], [(45, 30)] * 3, [(30, 20), (30, 20), (45, 30)], ["a", "b", "c"])
+
+
+__all__ = [
+    "DECODE_GROUP_BYTES",
+    "Renderer",
+    "augment_choice",
+    "augment_place",
+    "inductor_works",
+    "render_batch",
+    "renderer_for",
+    "warm_up_batch",
+]

@@ -1,28 +1,30 @@
-"""Batches reach the GPU while the previous step still computes: a side-stream prefetcher.
+"""Batches made ready on the device by a thread of their own while the step computes: the prefetcher.
 
-The training loader already hands out pinned host memory when CUDA is available
-(``create_dataloader`` sets ``pin_memory=torch.cuda.is_available()`` and the batch pool's
-``take(pin_memory=True)`` copies each batch into pinned memory), so a ``non_blocking`` copy
-is a true asynchronous DMA. :class:`DevicePrefetcher` issues that copy, the uint8 -> float
-/255 conversion and the optional ``channels_last`` layout on a side CUDA stream for the
-*next* batch as soon as the current one is handed out, so they overlap with the current
-step's kernels instead of standing in front of the next one. A batch the workers sent as recipes
-(``--augment-on device``) is decoded and augmented there too, on the same side stream
-(:func:`~ddp_utils.data.device_augment.render_batch`).
+:class:`DevicePrefetcher` hands the training loop each batch as float images on the device. On CUDA,
+and wherever the loader sends recipes (``--augment-on device``), a loader thread takes the loader's
+batches one or two ahead of the step, and on a CUDA stream of its own copies each to the device (from
+the pinned memory the loader gives), converts it to float ``0-1`` in the step's layout, or decodes and
+renders it (:mod:`~ddp_utils.data.device_augment`); then it records an event. The training thread
+only makes the compute stream wait for that event (queued on the GPU: the host never waits) and marks
+the batch as used there (``record_stream``), so the caching allocator does not recycle it under the
+step. Nothing of the decode or the render runs on the training thread: its launches never queue behind
+them.
 
-On any other device it is a pass-through that computes exactly what the plain loop does
-(``imgs.to(device).float() / 255`` and ``targets.to(device)``, the first as one allocation:
-:func:`images_to_float`).
+On the CPU, a loader of ready images is passed through on the training thread, computing exactly what
+the plain loop does (``imgs.to(device).float() / 255`` and ``targets.to(device)``, the first as one
+allocation: :func:`images_to_float`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from .device_augment import render_batch
+from .device_augment import renderer_for
 from .recipes import RecipeBatch
 
 
@@ -42,7 +44,7 @@ def to_device_batch(batch: Any, device: torch.device, channels_last: bool = Fals
     """
     images, targets, *rest = batch
     if isinstance(images, RecipeBatch):  # the loader's augment_on="device": the images are made here
-        images = render_batch(images, device)
+        images = renderer_for(device)(images, to_float=True, channels_last=channels_last)
     images = images_to_float(images.to(device, non_blocking=non_blocking), channels_last)
     if isinstance(targets, torch.Tensor):
         targets = targets.to(device, non_blocking=non_blocking)
@@ -73,18 +75,17 @@ def images_to_float(images: torch.Tensor, channels_last: bool = False) -> torch.
 class DevicePrefetcher:
     """Wrap a loader so that each batch arrives on ``device`` as float images, ready to use.
 
-    On CUDA the next batch is copied and converted on a side stream while the caller runs
-    the current step; the compute stream waits for that stream (``wait_stream``) before it
-    gets the batch, and the batch's tensors are marked as used on the compute stream
-    (``record_stream``) so the caching allocator does not recycle them while the step still
-    reads them. Host memory that is not pinned yet is pinned first (a copy from pageable
-    memory would block the host).
+    On CUDA, and for a loader that sends recipes (``--augment-on device``), a loader thread prepares the
+    batches a step or two ahead (module docstring); errors there (a worker's death, a file that cannot
+    be read) are raised here, in the training thread, when their batch is due. On the CPU a loader of
+    images is passed through.
 
     Args:
         loader: any iterable of ``(images, targets, *rest)`` batches (``len`` passes through).
         device: where the batches go.
         channels_last: give the images the ``channels_last`` layout (see
             :func:`ddp_utils.engine.memory_format.use_channels_last`).
+        threaded: prepare the batches on a loader thread; default: on CUDA, or where the loader sends recipes.
 
     Examples:
         >>> batches = [(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(0, 6))]
@@ -92,42 +93,123 @@ class DevicePrefetcher:
         [(2, 3, 4, 4)]
     """
 
-    def __init__(self, loader: Iterable, device: torch.device | str, channels_last: bool = False) -> None:
+    ahead = 2  # batches prepared ahead of the one the step holds: one ready, one in the making
+
+    def __init__(
+        self, loader: Iterable, device: torch.device | str, channels_last: bool = False, threaded: bool | None = None
+    ) -> None:
         self.loader = loader
         self.device = torch.device(device)
         self.channels_last = channels_last
+        if threaded is None:
+            threaded = self.device.type == "cuda" or bool(getattr(loader, "sends_recipes", False))
+        self.threaded = threaded
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[tuple]:
-        if self.device.type != "cuda":
+        if not self.threaded:
             for batch in self.loader:
                 yield to_device_batch(batch, self.device, self.channels_last)
             return
-        yield from self._cuda_batches(iter(self.loader))
+        ahead = LoaderThread(iter(self.loader), self._prepare, self.device, self.ahead)
+        try:
+            for batch, event in ahead:
+                if event is not None:
+                    compute = torch.cuda.current_stream(self.device)
+                    compute.wait_event(event)  # queued on the GPU; the host does not wait here
+                    for value in batch[:2]:
+                        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                            value.record_stream(compute)
+                yield batch
+        finally:
+            ahead.close()
 
-    def _cuda_batches(self, batches: Iterator) -> Iterator[tuple]:
-        side = side_stream(self.device)
-        compute = torch.cuda.current_stream(self.device)
-        upcoming = self._issue(next(batches, None), side)
-        while upcoming is not None:
-            compute.wait_stream(side)  # queued on the GPU; the host does not wait here
-            for value in upcoming[:2]:
-                if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-                    value.record_stream(compute)
-            current = upcoming
-            # the next copy is queued now, so it runs under this step's kernels
-            upcoming = self._issue(next(batches, None), side)
-            yield current
-
-    def _issue(self, batch: Any, side: torch.cuda.Stream) -> tuple | None:
-        if batch is None:
-            return None
+    def _prepare(self, batch: Any) -> tuple[tuple, Any]:
+        # on the loader thread: the batch on the device, and the event its work on the thread's stream records
         images, targets, *rest = batch
+        if self.device.type != "cuda":
+            return to_device_batch(batch, self.device, self.channels_last), None
         images, targets = _pinned(images), _pinned(targets)
-        with torch.cuda.stream(side):
-            return to_device_batch((images, targets, *rest), self.device, self.channels_last, non_blocking=True)
+        stream = side_stream(self.device)
+        with torch.cuda.stream(stream):
+            ready = to_device_batch((images, targets, *rest), self.device, self.channels_last, non_blocking=True)
+            return ready, stream.record_event()
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+class LoaderThread:
+    """``prepare(batch)`` for each of ``batches`` on a thread of its own, at most ``ahead`` batches ahead.
+
+    Iterating yields the prepared batches in order and raises, in the caller's thread, what the thread
+    raised. :meth:`close` stops it (and waits for the batch it is preparing); the caller must call it.
+
+    Examples:
+        >>> thread = LoaderThread(iter(range(3)), lambda x: x * 10, torch.device("cpu"))
+        >>> list(thread)
+        [0, 10, 20]
+        >>> thread.close()
+    """
+
+    def __init__(self, batches: Iterator, prepare: Callable[[Any], Any], device: torch.device, ahead: int = 2):
+        self._batches, self._prepare, self._device = batches, prepare, device
+        self._queue: queue.Queue = queue.Queue(maxsize=max(ahead - 1, 1))  # one ready, one in the making
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddp_utils-loader", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+
+    def _run(self) -> None:
+        try:
+            if self._device.type == "cuda":
+                torch.cuda.set_device(self._device)  # the thread's own current device
+            for batch in self._batches:
+                if self._stop.is_set() or not self._put(self._prepare(batch)):
+                    return
+            self._put(_END)
+        except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
+            self._put(_Failed(exc))
+        finally:
+            close = getattr(self._batches, "close", None)
+            if close is not None:
+                close()  # the loader's generator ends here, in the thread that ran it
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Stop the thread: it finishes the batch in hand and takes no other."""
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get_nowait()  # a put waiting for room sees the stop
+            except queue.Empty:
+                self._thread.join(0.05)
+                timeout -= 0.05
+                if timeout <= 0:
+                    break
 
 
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}

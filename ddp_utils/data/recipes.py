@@ -53,10 +53,15 @@ class Placement(NamedTuple):
 
 
 class Layer(NamedTuple):
-    """A canvas and how it maps to the output: ``inverse`` (3x3 float64) takes output pixels to canvas pixels."""
+    """A canvas and how it maps to the output: ``inverse`` (3x3 float64) takes output pixels to canvas pixels.
+
+    A mosaic's ``centre`` (xc, yc) is where its four tiles meet: each placement lies in one quadrant around it,
+    the tiles 0-3 top left, top right, bottom left, bottom right (``tile_placement``); None for one image.
+    """
 
     inverse: np.ndarray
     placements: list[Placement]
+    centre: tuple[int, int] | None = None
 
 
 class Recipe(NamedTuple):
@@ -82,21 +87,73 @@ class Recipe(NamedTuple):
 class RecipeBatch(NamedTuple):
     """A batch as the workers send it with ``--augment-on device``: what to render, and from what.
 
+    Every source's bytes travel in ONE uint8 tensor (``data``: one shared-memory segment from the worker,
+    pinned once in the training process): the JPEG files first, then the pixels of the sources the
+    workers decoded themselves (other formats, EXIF-rotated JPEGs, cached images: their tiles, BGR
+    ``[h, w, 3]``), so those arrive on the device in one copy.
+
     Attributes:
-        recipes: one per sample; their placements' ``image`` index ``sources``.
-        sources: per image the batch uses: a JPEG file's bytes, or its tile's BGR pixels [h, w, 3] uint8
-            (decoded and resized in the worker: other formats, EXIF-rotated JPEGs, cached images).
-        sizes: per source, the tile's (h, w).
+        recipes: one per sample; their placements' ``image`` index the sources.
+        data: uint8, 1-D: the sources' bytes, back to back (the JPEGs, then the pixels).
+        spans: source ``i`` is ``data[spans[i][0]:spans[i][1]]``.
+        jpeg: per source, whether it is a JPEG file's bytes (else its tile's BGR pixels).
+        sizes: per source, its tile's (h, w).
+        originals: per source, the (h, w) it decodes to (the tile's for pixels).
         paths: per source, its file (named when it cannot be decoded).
     """
 
     recipes: list[Recipe]
-    sources: list[bytes | np.ndarray]
+    data: torch.Tensor
+    spans: list[tuple[int, int]]
+    jpeg: list[bool]
     sizes: list[tuple[int, int]]
+    originals: list[tuple[int, int]]
     paths: list[str]
 
     def __len__(self) -> int:  # the number of samples, as a batch of images has
         return len(self.recipes)
+
+    def source(self, i: int) -> torch.Tensor | np.ndarray:
+        """Source ``i``: its JPEG bytes (a uint8 tensor, a view of ``data``) or its tile's BGR pixels (an array)."""
+        view = self.data[self.spans[i][0] : self.spans[i][1]]
+        return view if self.jpeg[i] else view.numpy().reshape(*self.sizes[i], 3)
+
+    @property
+    def sources(self) -> list[bytes | np.ndarray]:
+        """Every source as bytes (a JPEG) or a BGR array (a copy of the bytes, for inspection)."""
+        return [bytes(s.numpy()) if self.jpeg[i] else s for i, s in enumerate(map(self.source, range(len(self.jpeg))))]
+
+
+def pack_sources(
+    recipes: list[Recipe],
+    sources: Sequence[bytes | np.ndarray],
+    sizes: Sequence[tuple[int, int]],
+    originals: Sequence[tuple[int, int]],
+    paths: Sequence[str],
+) -> RecipeBatch:
+    """A :class:`RecipeBatch` from each source's bytes (a JPEG) or tile (a BGR array): the JPEGs, then the pixels,
+    copied once into one tensor in shared memory when made in a loader worker (torch sends it as is).
+
+    Args:
+        recipes: the samples' recipes, their placements numbering ``sources``.
+        sources: per source, JPEG bytes or the tile's BGR uint8 ``[h, w, 3]``.
+        sizes: per source, the tile's (h, w).
+        originals: per JPEG source, its decoded (h, w) (ignored for pixels: their tile's).
+        paths: per source, its file.
+    """
+    jpeg = [not isinstance(source, np.ndarray) for source in sources]
+    order = [i for i in range(len(sources)) if jpeg[i]] + [i for i in range(len(sources)) if not jpeg[i]]
+    lengths = [len(sources[i]) if jpeg[i] else sources[i].size for i in range(len(sources))]
+    data = torch.empty(sum(lengths), dtype=torch.uint8)
+    if torch.utils.data.get_worker_info() is not None:  # a worker: the tensor travels as its shared memory
+        data.share_memory_()
+    spans, start, buffer = [(0, 0)] * len(sources), 0, data.numpy()
+    for i in order:
+        source = sources[i]
+        buffer[start : start + lengths[i]] = np.frombuffer(source, np.uint8) if jpeg[i] else source.reshape(-1)
+        spans[i], start = (start, start + lengths[i]), start + lengths[i]
+    originals = [tuple(originals[i]) if jpeg[i] else tuple(sizes[i]) for i in range(len(sources))]
+    return RecipeBatch(recipes, data, spans, jpeg, [tuple(s) for s in sizes], originals, list(paths))
 
 
 def plan_sample(dataset: _Dataset, key: Any) -> tuple[Recipe, torch.Tensor, str, Any]:
@@ -170,7 +227,7 @@ def _mosaic(dataset: _Dataset, index: int, rng: np.random.Generator) -> tuple[La
         if x2b > x1b and y2b > y1b and lands_in(m, x1a, y1a, x2a, y2a, out_w, out_h):
             placements.append(Placement(i, (x1a, y1a, x2a, y2a), (1.0, -dx, 1.0, -dy), (x1b, y1b, x2b, y2b)))
     labels = mosaic_labels(tile_labels, offsets, m, zoom, 2 * s, (out_h, out_w))
-    return Layer(np.linalg.inv(m), placements), labels, (out_h, out_w)
+    return Layer(np.linalg.inv(m), placements, (xc, yc)), labels, (out_h, out_w)
 
 
 def _letterboxed(dataset: _Dataset, index: int, batch: int, rng: np.random.Generator) -> tuple:
@@ -251,8 +308,9 @@ class RecipeCollate:
         images = list(where)
         sources = [image_source(self.dataset, i) for i in images]
         sizes = _tile_sizes(self.dataset, images)
+        originals = [(int(self.dataset.shapes[i][1]), int(self.dataset.shapes[i][0])) for i in images]
         files = [self.dataset.im_files[i] for i in images]
-        return RecipeBatch(renumbered, sources, sizes, files), torch.cat(labels, 0), paths, shapes
+        return pack_sources(renumbered, sources, sizes, originals, files), torch.cat(labels, 0), paths, shapes
 
 
 def decode_on_host(source: bytes | np.ndarray, size: tuple[int, int], path: str) -> np.ndarray:
@@ -279,5 +337,6 @@ __all__ = [
     "RecipeCollate",
     "decode_on_host",
     "image_source",
+    "pack_sources",
     "plan_sample",
 ]
