@@ -10,6 +10,7 @@ run/training.py), not that lines want squeezing."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def test_no_import_circle_between_files():
 
 
 def room_of(module: str) -> str:
-    """``ddp_utils.run.checkpoint.files`` -> ``run``; the package's face is ``ddp_utils``."""
+    """``ddp_utils.run.checkpoint.disk`` -> ``run``; the package's face is ``ddp_utils``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -237,3 +238,25 @@ def test_every_package_of_the_house_ships_in_the_wheel():
     assert packages - listed == set(), (
         f"packages missing from pyproject.toml's [tool.setuptools] packages: {packages - listed}"
     )
+
+
+# Modules renamed or moved so that a name says the one job of its module: the public names they hold still import
+# from where they were public (the package's face, a room's __init__), as the same objects.
+MOVED = {
+    # was run/checkpoint/files.py, a name it shared with files.py (the bottom's temporary files)
+    "ddp_utils.run.checkpoint.disk": (
+        ("ddp_utils.run.checkpoint", "ddp_utils.run"),
+        ("BackgroundWriter", "atomic_torch_save", "atomic_write_bytes", "load_checkpoint", "save_checkpoint"),
+    ),
+    # increment_path (YOLOv5's name) was in run/loggers.py: the run directory's name now has a module of its own
+    "ddp_utils.run.run_dir": (("ddp_utils", "ddp_utils.run"), ("increment_path",)),
+}
+
+
+def test_moved_modules_keep_their_public_names_where_they_were_public():
+    for name, (faces, public) in MOVED.items():
+        module = importlib.import_module(name)
+        for face in map(importlib.import_module, faces):
+            assert {n: getattr(face, n, None) for n in public} == {n: getattr(module, n) for n in public}, face
+            assert set(public) <= set(face.__all__), face
+    assert not (PACKAGE / "run" / "checkpoint" / "files.py").exists()
