@@ -16,12 +16,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_utils as du
-from ddp_utils.yolo import ComputeLoss, Model
+from ddp_utils.yolo import ComputeLoss, Model, scale_loss_gains
 
 parser = argparse.ArgumentParser(description="ddp_utils' helpers in a short training loop")
 parser.add_argument("--device", default="", help="'' (a GPU if any, else the CPU), cpu, 0, 0,1, ...")
 parser.add_argument("--epochs", type=int, default=2)
-parser.add_argument("--batches", type=int, default=4, help="batches per epoch and process (8 images each)")
+parser.add_argument("--batches", type=int, default=4, help="at most this many batches per epoch and process (8 images)")
 opt = parser.parse_args()
 
 info = du.dist_info()  # torchrun / srun / a single process (rank -1)
@@ -30,12 +30,14 @@ du.init_distributed(device=device)  # binds the device, joins the group (gloo fo
 du.init_seeds(du.rank_seed(0, info.rank))  # a different seed on each rank
 hyp = du.load_hyp("hyp.shapes.yaml")
 data = du.check_dataset("shapes.yaml")  # generated once per node if missing; the others wait
+imgsz = 128  # pixels, small for a CPU
 loader, dataset = du.create_dataloader(
-    data["train"], 128, 8, 32, augment=True, hyp=hyp, rank=info.local_rank, workers=2, shuffle=True
+    data["train"], imgsz, 8, 32, augment=True, hyp=hyp, rank=info.local_rank, workers=2, shuffle=True
 )
 
 model = Model("yolov5n.yaml", nc=data["nc"]).to(device)
-compute_loss = ComputeLoss(model, hyp)
+# the hyp's loss gains are for 3 levels, 80 classes and 640 px: scaled to this model and size, as train.py does
+compute_loss = ComputeLoss(model, scale_loss_gains(hyp, model.model[-1].nl, data["nc"], imgsz))
 if info.distributed:
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # copies rank 0's weights
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -52,7 +54,7 @@ for epoch in range(opt.epochs):
         optimizer.zero_grad()
         loss.backward()  # DDP averages the gradients over the ranks here
         optimizer.step()
-        epoch_loss += loss_items / opt.batches
+        epoch_loss = (epoch_loss * i + loss_items) / (i + 1)  # the mean over the batches run so far
     epoch_loss = du.reduce_tensor(epoch_loss, op="mean")  # the mean over all ranks, on every rank
     if du.is_main_process():
         box, obj, cls = epoch_loss.tolist()

@@ -113,6 +113,25 @@ def test_report_judges_no_goal_from_one_seed_or_zero_scores_and_times_only_one_h
     assert "| mean | 0.900 | 0.950 | 0.810 | 0.805 | 300 | 120 | 400 | 300 | 300 | 240 |" in apart
 
 
+def test_report_says_why_yolov5s_epoch_times_read_a_dash():
+    """A YOLOv5 checkout whose progress bars are not v7.0's leaves no epoch times in its log: the report says so
+    (and which seeds), as it does for runs recorded before epoch times were read; times found say nothing."""
+    parity = load_parity()
+    results = fixture_results([0.81, 0.80, 0.83], [0.80, 0.82, 0.84])
+    results["runs"]["1"]["yolov5"]["epoch_s"] = []  # parity_record found no v7.0 bar in the log
+    del results["runs"]["2"]["yolov5"]["epoch_s"]  # a results.json from before epoch times
+    text = parity.report(results)
+    seed_rows = [line.split(" | ") for line in text.splitlines() if line.startswith(("| 0 |", "| 1 |", "| 2 |"))][:3]
+    assert [row[5] for row in seed_rows] == ["300", "-", "-"]  # yolov5 epochs s (the loss table's rows follow)
+    notes = [line for line in text.splitlines() if line.startswith("yolov5 epochs s: - for seed(s)")]
+    assert len(notes) == 2, text
+    assert notes[0].startswith("yolov5 epochs s: - for seed(s) 2: recorded before")
+    assert notes[1].startswith("yolov5 epochs s: - for seed(s) 1: its log (<--dir>/yolov5/seed<N>.log) holds no")
+    assert "YOLOv5 v7.0's form" in notes[1] and "parity_record.YOLOV5_EPOCH_BAR" in notes[1]
+    assert "epochs' wall time YOLOv5/ours 2.50" in text  # seed 0, timed on both sides, still gives the ratio
+    assert "yolov5 epochs s: -" not in parity.report(fixture_results([0.81, 0.80], [0.80, 0.82]))
+
+
 def test_runs_are_reused_only_under_the_same_key():
     parity = load_parity()
     results = fixture_results([0.81, 0.80, 0.83], [0.80, 0.82, 0.84])

@@ -155,3 +155,17 @@ def test_every_page_is_in_the_sites_navigation_and_every_module_on_an_api_page()
     index = (REPO_ROOT / "docs" / "api" / "index.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| \[?`(\w+)`", index, flags=re.M))
     assert set(ddp_utils.__all__) <= listed, set(ddp_utils.__all__) - listed
+
+
+def test_the_changelog_page_is_found_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mkdocs build -f /path/to/mkdocs.yml`` from elsewhere: docs/changelog.md includes CHANGELOG.md (a snippet)
+    from beside mkdocs.yml, not from the current directory; rendered here with the site's own Markdown settings."""
+    config_module = pytest.importorskip("mkdocs.config", reason="mkdocs is the docs extra")
+    import markdown
+
+    monkeypatch.chdir(tmp_path)  # nothing to include here
+    config = config_module.load_config(str(REPO_ROOT / "mkdocs.yml"))
+    md = markdown.Markdown(extensions=config["markdown_extensions"], extension_configs=config["mdx_configs"])
+    html = md.convert((REPO_ROOT / "docs" / "changelog.md").read_text(encoding="utf-8"))
+    first_version = re.search(r"^## (.+)$", (REPO_ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.M)[1]
+    assert "What each version of ddp_utils changed" in html and first_version.split()[0] in html

@@ -1,6 +1,7 @@
-"""The house rules the code can check itself: no import circle between files, every import pointing down the
-floors (DESIGN.md: the step in engine/, the run above it in run/, evolve/ on the run, cli/ on top), train.py in
-labelled stages of short functions, no module ``__getattr__``, nothing below cli/ importing it.
+"""The house rules the code can check itself (docs/design.md writes them down for a newcomer): no import circle
+between files, every import pointing down the floors (the step in engine/, the run above it in run/, evolve/ on the
+run, cli/ on top), only distributed/ reading the launcher's variables and nothing reading the environment at import,
+train.py in labelled stages of short functions, no module ``__getattr__``, nothing below cli/ importing it.
 
 train.py stays a story a reader holds at once (at most 280 lines), each function of it and of the package on a
 screen (60 lines) and a module at most 450 lines: when a cap is near, the code is telling that a piece wants a
@@ -10,11 +11,13 @@ run/training.py), not that lines want squeezing."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ddp_utils"
 TRAIN = PACKAGE.parent / "train.py"
+DESIGN = PACKAGE.parent / "docs" / "design.md"  # the house as a newcomer reads it: the floors, the rules
 MAX_FUNCTION_LINES = 60  # a function on a screen, in train.py and the package
 MAX_TRAIN_LINES = 280
 MAX_MODULE_LINES = 450
@@ -125,7 +128,7 @@ def test_no_import_circle_between_files():
 
 
 def room_of(module: str) -> str:
-    """``ddp_utils.run.checkpoint.files`` -> ``run``; the package's face is ``ddp_utils``."""
+    """``ddp_utils.run.checkpoint.disk`` -> ``run``; the package's face is ``ddp_utils``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -144,7 +147,7 @@ def test_every_import_points_down_the_floors():
 
 
 def test_the_step_knows_nothing_of_the_run():
-    """engine/ computes a step: no file, signal or option of the run reaches it (DESIGN.md)."""
+    """engine/ computes a step: no file, signal or option of the run reaches it (docs/design.md)."""
     step_modules = {name: path for name, path in modules().items() if room_of(name) == "engine"}
     run_modules = r"(?:signal|argparse|os|pathlib|shutil|tempfile)"  # signals, options, files, the environment
     imports = re.compile(rf"^\s*(?:import {run_modules}\b|from {run_modules} import)", re.M)
@@ -237,3 +240,100 @@ def test_every_package_of_the_house_ships_in_the_wheel():
     assert packages - listed == set(), (
         f"packages missing from pyproject.toml's [tool.setuptools] packages: {packages - listed}"
     )
+
+
+# Modules renamed or moved so that a name says the one job of its module: the public names they hold still import
+# from where they were public (the package's face, a room's __init__), as the same objects.
+MOVED = {
+    # was run/checkpoint/files.py, a name it shared with files.py (the bottom's temporary files)
+    "ddp_utils.run.checkpoint.disk": (
+        ("ddp_utils.run.checkpoint", "ddp_utils.run"),
+        ("BackgroundWriter", "atomic_torch_save", "atomic_write_bytes", "load_checkpoint", "save_checkpoint"),
+    ),
+    # increment_path (YOLOv5's name) was in run/loggers.py: the run directory's name now has a module of its own
+    "ddp_utils.run.run_dir": (("ddp_utils", "ddp_utils.run"), ("increment_path",)),
+}
+
+
+def test_moved_modules_keep_their_public_names_where_they_were_public():
+    for name, (faces, public) in MOVED.items():
+        module = importlib.import_module(name)
+        for face in map(importlib.import_module, faces):
+            assert {n: getattr(face, n, None) for n in public} == {n: getattr(module, n) for n in public}, face
+            assert set(public) <= set(face.__all__), face
+    assert not (PACKAGE / "run" / "checkpoint" / "files.py").exists()
+
+
+# The launcher's variables (torchrun's, SLURM's, torchelastic's): only distributed/ reads them (DistInfo carries them)
+LAUNCHER_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK"}
+LAUNCHER_VARIABLES |= {"MASTER_ADDR", "MASTER_PORT"}
+LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_")
+
+
+def launcher_names(path: Path) -> set[str]:
+    """The launcher variables a file names as a string of its own (a key it reads or sets)."""
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value in LAUNCHER_VARIABLES or node.value.startswith(LAUNCHER_PREFIXES))
+    }
+
+
+def environment_reads_at_import(path: Path) -> list[int]:
+    """Lines that touch ``os.environ`` or ``os.getenv`` when the module is imported (outside any function)."""
+
+    def run_at_import(nodes: list[ast.stmt]):
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue  # a function's body runs when called (its defaults at import: rare enough to leave)
+            if isinstance(node, ast.ClassDef):
+                yield from run_at_import(node.body)
+                continue
+            for sub in ast.walk(node):
+                name = sub.attr if isinstance(sub, ast.Attribute) else sub.id if isinstance(sub, ast.Name) else ""
+                if name in ("environ", "getenv"):
+                    yield sub.lineno
+
+    return sorted(set(run_at_import(ast.parse(path.read_text()).body)))
+
+
+def test_only_distributed_reads_the_launchers_variables_and_nothing_reads_the_environment_at_import():
+    named = {
+        name: found
+        for name, path in modules().items()
+        if room_of(name) != "distributed" and (found := launcher_names(path))
+    }
+    assert named == {}, f"launcher variables read outside distributed/ (take a DistInfo instead): {named}"
+    at_import = {name: lines for name, path in modules().items() if (lines := environment_reads_at_import(path))}
+    assert at_import == {}, f"the environment read at import time (read it when called): {at_import}"
+    assert "RANK" in launcher_names(PACKAGE / "distributed" / "env.py")  # the check sees where they are read
+
+
+def test_the_launcher_and_import_checks_see_what_they_look_for(tmp_path):
+    (tmp_path / "m.py").write_text(
+        'import os\nLEVEL = os.environ.get("X")\n\n\ndef rank():\n    return int(os.environ["LOCAL_RANK"])\n\n\n'
+        'class C:\n    home = os.getenv("HOME")\n'
+    )
+    assert launcher_names(tmp_path / "m.py") == {"LOCAL_RANK"}
+    assert environment_reads_at_import(tmp_path / "m.py") == [2, 10]
+
+
+def floors_in_the_design() -> dict[int, set[str]]:
+    """docs/design.md's table of floors as {floor: rooms}: ``run/`` -> ``run``, ``__init__.py`` -> the face."""
+    found = {}
+    for floor, rooms in re.findall(r"^\| (\d+) \| ([^|]+) \|", DESIGN.read_text(encoding="utf-8"), re.M):
+        names = {name.removesuffix(".py").rstrip("/") for name in re.findall(r"`([^`]+)`", rooms)}
+        found[int(floor)] = {"ddp_utils" if name == "__init__" else name for name in names}
+    return found
+
+
+def test_the_house_is_written_where_a_newcomer_finds_it():
+    """docs/design.md (in the site, linked from the README) draws the same floors this test enforces, with its caps."""
+    assert floors_in_the_design() == FLOORS
+    text = " ".join(DESIGN.read_text(encoding="utf-8").split())
+    for cap in (f"({MAX_FUNCTION_LINES} lines", f"at most {MAX_MODULE_LINES}", f"at most {MAX_TRAIN_LINES}"):
+        assert cap in text, cap
+    for where in ("README.md", "docs/development.md", "docs/index.md", "mkdocs.yml"):
+        assert "design.md" in (PACKAGE.parent / where).read_text(encoding="utf-8"), where

@@ -75,6 +75,11 @@ SIDES = ("yolov5", "ours")
 STEADY_STD_RATIO = 1.5  # a short schedule's goal: ours' spread over seeds at most this times YOLOv5's,
 STEADY_MEAN_RATIO = 0.95  # and ours' mean at least this fraction of YOLOv5's
 NAMES = {0: "circle", 1: "square", 2: "triangle", 3: "star"}
+YOLOV5_UNTIMED = (  # why YOLOv5's epoch times read "-": parity_record.py reads the progress bars of v7.0 alone
+    "{log} holds no epoch progress bar in YOLOv5 v7.0's form (ending '100%|##########| 63/63 00:09': "
+    "parity_record.YOLOV5_EPOCH_BAR), as a checkout of another version prints its bars otherwise; so YOLOv5's "
+    "epochs are not timed, nor the epochs' ratio, while its whole process's wall and CPU time are"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -231,6 +236,11 @@ def run_yolov5(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> 
     anchors = next((line for line in log.splitlines() if "Best Possible Recall" in line), "")
     result = finished_run(run_dir, wall, cpu)
     result["epoch_s"] = yolov5_epoch_seconds(log)
+    if not result["epoch_s"]:
+        print(
+            f"parity: seed {seed}: yolov5: no epoch times: "
+            + YOLOV5_UNTIMED.format(log=run_dir.parent / f"seed{seed}.log")
+        )
     result["autoanchor"] = anchors.split("AutoAnchor:")[-1].replace("\x1b[0m", "").strip()
     return result
 
@@ -334,6 +344,7 @@ def report(results: dict[str, Any]) -> str:
     stats = {h: summary(v) if v else (float("nan"), float("nan")) for h, v in columns.items()}
     lines.append("| mean | " + " | ".join(_cell(h, stats[h][0]) for h in header[1:]) + " |")
     lines.append("| std | " + " | ".join(_cell(h, stats[h][1]) for h in header[1:]) + " |")
+    lines += untimed_lines(runs, seeds, sides)
     if len(sides) == 2:
         lines += ["", goal_line(columns["ours mAP@0.5:0.95"], columns["yolov5 mAP@0.5:0.95"])]
         if timed:
@@ -358,6 +369,21 @@ def report(results: dict[str, Any]) -> str:
             cells.append(f"{curves['ours'][epoch][0] / curves['yolov5'][epoch][0]:.3f}")
         lines.append(f"| {epoch + 1} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def untimed_lines(runs: dict[str, Any], seeds: list[int], sides: list[str]) -> list[str]:
+    """Why a side's epoch times read "-" for some seeds: runs recorded before epoch times were, or (YOLOv5's) logs
+    whose progress bars are not v7.0's."""
+    lines = []
+    for side in sides:
+        unread = [str(s) for s in seeds if "epoch_s" not in runs[str(s)][side]]
+        if unread:
+            lines += [f"{side} epochs s: - for seed(s) {', '.join(unread)}: recorded before parity.py read epoch times"]
+    no_bar = [str(s) for s in seeds if "yolov5" in sides and runs[str(s)]["yolov5"].get("epoch_s") == []]
+    if no_bar:
+        why = YOLOV5_UNTIMED.format(log="its log (<--dir>/yolov5/seed<N>.log)")
+        lines += [f"yolov5 epochs s: - for seed(s) {', '.join(no_bar)}: {why}"]
+    return [""] + lines if lines else []
 
 
 def goal_line(ours: list[float], theirs: list[float]) -> str:

@@ -31,7 +31,7 @@ import ddp_utils as du
 from ..data import check_dataset, create_val_dataloader
 from ..progress import PROGRESS_MODES, set_progress_mode
 from ..run.checkpoint import CheckpointError, load_pretrained
-from ..run.loggers import increment_path
+from ..run.run_dir import increment_path
 from ..yamls import DataConfigError
 from ..yolo import Model
 from ..yolo.evaluate import batch_records

@@ -7,7 +7,8 @@ What lives where, in the order a run meets it:
 
 - ``options.py``: train.py's options and their checks (a bad one is an :class:`OptionError`, a ``ValueError``
   naming the option); a user's mistake as one line.
-- ``start.py``: the settled options (:class:`Run`), the run directory, ``hyp.yaml`` and ``opt.yaml``.
+- ``start.py``: the settled options (:class:`Run`), the run directory (``make_run_dir``; its numbered name,
+  ``increment_path``, is ``run_dir.py``'s), ``hyp.yaml`` and ``opt.yaml``.
 - ``resume.py``: continuing a run: ``find_resume`` (find and check, before any write), ``restore_training``,
   ``latest_checkpoint``; ``train_state.py``: :class:`TrainState` (where a run stands, to the batch).
 - ``checkpoint/``: the checkpoint file: its format, atomic (and background) writes, pickle-free reads of ours
@@ -52,11 +53,12 @@ from .checkpoint import (
 from .control import StepControl
 from .early_stop import EarlyStopping, is_new_best
 from .epochs import end_epoch, finish_training
-from .loggers import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, tensorboard_writer, yaml_save
+from .loggers import RESULTS_COLUMNS, ResultsLogger, results_values, tensorboard_writer, yaml_save
 from .options import OptionError
 from .plots import class_color, plot_images, plot_labels, plot_results
 from .records import Records, open_records
 from .resume import ResumeError, find_resume, latest_checkpoint, restore_training
+from .run_dir import increment_path
 from .signals import PreemptionHandler
 from .start import Run, make_run_dir, record_run, start_run
 from .train_state import TrainState

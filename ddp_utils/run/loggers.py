@@ -1,9 +1,8 @@
-"""Where a run writes: its numbered directory, its options, results.csv and TensorBoard events.
+"""What a run writes as it goes: its options (``yaml_save``), results.csv and TensorBoard events.
 
 Everything here writes on the main process only. :class:`ResultsLogger` can be built on
-every rank: elsewhere it is disabled and its methods do nothing. :func:`increment_path`
-must be called on rank 0 alone and its answer broadcast (``ddp_utils.broadcast_object``),
-or two ranks could pick different directories.
+every rank: elsewhere it is disabled and its methods do nothing. The run's directory, and its
+numbered name, are :mod:`ddp_utils.run.start`'s and :mod:`ddp_utils.run.run_dir`'s.
 """
 
 from __future__ import annotations
@@ -41,43 +40,6 @@ RESULTS_COLUMNS = (
     "x/lr2",
     "train/skipped_steps",  # after YOLOv5's columns, so tools that read those by position still do
 )
-
-
-def increment_path(path: str | Path, exist_ok: bool = False, sep: str = "", mkdir: bool = False) -> Path:
-    """Return ``path``, or the first free ``path2``, ``path3``, ... when it exists.
-
-    Args:
-        path: e.g. ``runs/train/exp``; a file path keeps its suffix (``exp.txt`` -> ``exp2.txt``).
-        exist_ok: return ``path`` unchanged even when it exists (resume into the same directory).
-        sep: between the name and the number (``"_"`` gives ``exp_2``).
-        mkdir: create the directory. The creation claims the name atomically, so two jobs
-            started at once never share one.
-
-    Examples:
-        >>> import tempfile
-        >>> root = Path(tempfile.mkdtemp())
-        >>> [increment_path(root / "exp", mkdir=True).name for _ in range(3)]
-        ['exp', 'exp2', 'exp3']
-    """
-    path = Path(path)
-    if exist_ok:
-        if mkdir:
-            path.mkdir(parents=True, exist_ok=True)
-        return path
-    stem, suffix = (path.with_suffix(""), path.suffix) if path.is_file() else (path, "")
-    candidate, n = path, 2
-    while True:
-        if mkdir:
-            try:
-                candidate.parent.mkdir(parents=True, exist_ok=True)
-                candidate.mkdir()
-                return candidate
-            except FileExistsError:
-                pass
-        elif not candidate.exists():
-            return candidate
-        candidate = Path(f"{stem}{sep}{n}{suffix}")
-        n += 1
 
 
 def yaml_save(file: str | Path = "data.yaml", data: Mapping[str, Any] | Any = None) -> Path:

@@ -20,8 +20,9 @@ from ..distributed import DistInfo, broadcast_object, launch_key
 from ..engine.amp import train_mode
 from ..hyp import load_hyp
 from ..log import LOGGER
-from .loggers import increment_path, yaml_save
+from .loggers import yaml_save
 from .resume import Resume
+from .run_dir import increment_path
 
 
 @dataclasses.dataclass(frozen=True)

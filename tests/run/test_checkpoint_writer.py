@@ -21,7 +21,7 @@ from ddp_utils.engine import ModelEMA
 from ddp_utils.files import current_umask
 from ddp_utils.run import Checkpointer, CheckpointWriteError, TrainState, load_checkpoint
 from ddp_utils.run.checkpoint import BackgroundWriter
-from ddp_utils.run.checkpoint.files import write_serialised
+from ddp_utils.run.checkpoint.disk import write_serialised
 from tests.multiproc import REPO_ROOT, launcher_env
 
 
@@ -198,12 +198,12 @@ def test_background_writer_on_its_own_reports_through_wait(tmp_path):
 
 
 def test_an_unexpected_error_in_the_writer_thread_is_reported_as_a_failed_save(tmp_path, monkeypatch, caplog):
-    from ddp_utils.run.checkpoint import files
+    from ddp_utils.run.checkpoint import disk
 
     def broken(ckpt, paths):
         raise ValueError("a bug, not the disk")
 
-    monkeypatch.setattr(files, "write_serialised", broken)
+    monkeypatch.setattr(disk, "write_serialised", broken)
     writer = BackgroundWriter()
     with caplog.at_level(logging.WARNING, logger="ddp_utils"):
         writer.submit({"epoch": 1}, [tmp_path / "last.pt"])

@@ -1,17 +1,16 @@
-"""Run directories, opt.yaml, results.csv across a resume, and TensorBoard when (not) installed."""
+"""opt.yaml, results.csv across a resume, and TensorBoard when (not) installed (run directories: test_run_dir.py)."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
 import logging
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-from ddp_utils.run import RESULTS_COLUMNS, ResultsLogger, increment_path, results_values, yaml_save
+from ddp_utils.run import RESULTS_COLUMNS, ResultsLogger, results_values, yaml_save
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
@@ -24,37 +23,6 @@ def values(epoch: int) -> dict[str, float]:
 def read_rows(path: Path) -> list[list[str]]:
     with open(path, newline="") as f:
         return list(csv.reader(f))
-
-
-def test_increment_path_numbers_directories(tmp_path):
-    base = tmp_path / "runs" / "train" / "exp"
-    assert increment_path(base) == base and not base.exists()
-    made = [increment_path(base, mkdir=True) for _ in range(3)]
-    assert [p.name for p in made] == ["exp", "exp2", "exp3"] and all(p.is_dir() for p in made)
-    assert increment_path(base) == base.with_name("exp4")
-    assert increment_path(base, exist_ok=True) == base
-    assert increment_path(base, sep="_") == base.with_name("exp_2")
-
-
-def test_increment_path_keeps_a_file_suffix(tmp_path):
-    (tmp_path / "results.txt").write_text("x")
-    assert increment_path(tmp_path / "results.txt").name == "results2.txt"
-
-
-def test_increment_path_never_gives_two_callers_the_same_directory(tmp_path):
-    made, lock = [], threading.Lock()
-
-    def claim():
-        path = increment_path(tmp_path / "exp", mkdir=True)
-        with lock:
-            made.append(path)
-
-    threads = [threading.Thread(target=claim) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert len(made) == 8 and len(set(made)) == 8
 
 
 def test_yaml_save_writes_plain_yaml(tmp_path):

@@ -180,7 +180,7 @@ def save_peak(directory: str, megabytes: str, how: str) -> None:
     import gc
 
     from ddp_utils.run import Checkpointer
-    from ddp_utils.run.checkpoint.files import write_serialised
+    from ddp_utils.run.checkpoint.disk import write_serialised
 
     torch.set_num_threads(1)
     numel = int(float(megabytes) * 2**20 / 4 / 3 / 8)  # eight tensors, each stored three times

@@ -35,7 +35,7 @@ reads back, and how, is in :mod:`ddp_utils.run.resume`.
 
 - ``format.py``: the keys, plain values (:func:`to_plain`, :func:`check_plain`), :func:`build_checkpoint`,
   :func:`to_host`; the errors.
-- ``files.py``: atomic and background writes, :func:`save_checkpoint`, :func:`load_checkpoint`.
+- ``disk.py``: the file on disk: atomic and background writes, :func:`save_checkpoint`, :func:`load_checkpoint`.
 - ``integrity.py``: :func:`check_integrity` (cut short, or bytes changed: every record against its
   CRC-32), :func:`last_good_checkpoint` (a run's furthest file that is whole and resumes).
 - ``strip.py``: :func:`strip_optimizer`, ours and YOLOv5's layout.
@@ -44,7 +44,7 @@ reads back, and how, is in :mod:`ddp_utils.run.resume`.
 """
 
 from .checkpointer import Checkpointer
-from .files import (
+from .disk import (
     BackgroundWriter,
     atomic_torch_save,
     atomic_write_bytes,

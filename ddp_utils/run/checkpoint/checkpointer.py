@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .files import BackgroundWriter, write_serialised
+from .disk import BackgroundWriter, write_serialised
 from .format import build_checkpoint, check_plain, to_plain
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from ...downloads import DownloadError, released_weights
 from ...log import LOGGER
 from ...yolo.foreign import read_yolov5_checkpoint, yolov5_model
-from .files import load_checkpoint, save_checkpoint
+from .disk import load_checkpoint, save_checkpoint
 from .format import UnsafeCheckpointError, build_checkpoint
 
 FOREIGN_KEY = "foreign"  # set in load_pretrained's dict when the file was YOLOv5's, not ours

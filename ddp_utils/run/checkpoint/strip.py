@@ -21,7 +21,7 @@ from torch import nn
 from ...log import LOGGER
 from ...yolo.foreign import ForeignCheckpointError
 from ...yolo.repickle import save_records, strip_yolov5_records
-from .files import _unsupported_global, atomic_torch_save, atomic_write_bytes, load_checkpoint
+from .disk import _unsupported_global, atomic_torch_save, atomic_write_bytes, load_checkpoint
 from .format import CheckpointError, UnsafeCheckpointError
 
 _DATA_GLOBALS = frozenset(
