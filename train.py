@@ -144,6 +144,8 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int, device: torch.device) ->
     )
     val_loader, _ = du.create_val_dataloader(run.data["val"], run.imgsz, batch * 2, gs, prefix="val: ", **common)
     dataset.check_classes(run.nc, opt.data)  # a label class >= nc: one line naming the label file
+    if note := options.batch_size_note(run.batch_size, len(dataset)):  # YOLOv5 trains it, its batches cut short
+        du.LOGGER.warning(note)
     return train_loader, val_loader, dataset
 
 

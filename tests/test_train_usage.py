@@ -153,3 +153,18 @@ def test_an_image_size_past_the_address_space_limit_is_one_line_exit_2_before_an
     assert len(errors) == 1 and "--imgsz 12000: one batch of 1 images of 12000 x 12000 px needs at least" in errors[0]
     assert "its address-space limit, ulimit -v" in errors[0] and "Traceback" not in result.stderr, describe([result])
     assert not project.exists() and not datasets.exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_batch_larger_than_the_dataset_trains_it_and_says_what_it_costs(tmp_path):
+    """YOLOv5 trains ``--batch-size 20000`` on 32 images (its loader cut to them) with weight decay scaled for
+    20,000: the log says so once; the shared-memory slots are sized for the 32 (they were for 20,000)."""
+    data = tiny_data_yaml(tmp_path)
+    extra = ("--epochs", "1", "--batch-size", "20000", "--imgsz", "64")  # 1.2 GiB for the up-front check: it passes
+    result = run([sys.executable, *train_args(data, tmp_path / "runs", *extra)], train_env(), 280)
+    assert result.returncode == 0, describe([result])
+    warned = [line for line in result.stderr.splitlines() if line.startswith("--batch-size 20000 is more than")]
+    assert len(warned) == 1, describe([result])
+    assert "the 32 training images: each step trains on those 32 (one step an epoch)" in warned[0]
+    assert "weight decay x625 what 32 would give): give --batch-size 32 or less" in warned[0]
+    assert re.search(r"^1/1 .* 1/1 100% ", result.stderr, re.M), result.stderr  # one step of the 32
