@@ -98,7 +98,7 @@ def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, 
         # ---- model ----
         run, model, gs = build_model(run, device, info)
         train_loader, val_loader, dataset = build_loaders(run, info, gs, device)
-    if resume is None:  # the inputs are good: claim a run directory
+    if run.save_dir is None:  # the inputs are good: claim a run directory (a new run, or a copied last.pt resumed)
         run = run.replace(save_dir=make_run_dir(opt.project, opt.name, opt.exist_ok, info))
     record_run(run, info)
     # ---- optimizer, EMA, loss, DDP ----
