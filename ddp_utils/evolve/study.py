@@ -34,13 +34,13 @@ from ..distributed import DistInfo, broadcast_object, launch_key
 from ..engine.guard import TrainingDiverged
 from ..log import LOGGER
 from ..run.options import is_user_error, user_errors
+from .heartbeat import heartbeat
 from .records import TrialResult, trial_line, trial_metrics, trial_results, write_records
 from .settings import EvolveSettings
 from .store import (
     STUDY_FILE,
     StoreError,
     claim,
-    heartbeat,
     open_storage,
     open_study,
     pause,
