@@ -187,6 +187,21 @@ def check_run_file(path: Path, ckpt: Mapping[str, Any]) -> bool:
     return True
 
 
+def _where_it_continues(path: Path, ckpt: Mapping[str, Any], info: DistInfo) -> bool:
+    """:func:`check_run_file` on rank 0 (it reads the run's opt.yaml, which a node without a shared file system
+    lacks), its verdict or its error on every rank alike."""
+    verdict: bool | str | None = None
+    if info.is_main:
+        try:
+            verdict = check_run_file(path, ckpt)
+        except ResumeError as exc:
+            verdict = str(exc)
+    verdict = broadcast_object(verdict)
+    if isinstance(verdict, str):
+        raise ResumeError(verdict)
+    return bool(verdict)
+
+
 def _check_scale(path: Path, ckpt: Mapping[str, Any], info: DistInfo) -> None:
     """The recorded total batch must split evenly over this launch's processes (a resume keeps the total)."""
     batch_size = int(ckpt["opt"].get("batch_size") or 0)
@@ -240,7 +255,7 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
         raise FileNotFoundError(f"--resume {last}: no such checkpoint; give a run's directory or its weights/last.pt")
     ckpt = _load_whole(last, opt, info)
     check_resumable(last, ckpt)
-    in_place = check_run_file(last, ckpt)
+    in_place = _where_it_continues(last, ckpt, info)
     _check_scale(last, ckpt, info)
     resumed = {**defaults, **ckpt["opt"], "resume": str(last), "weights": str(last)}
     if not in_place and isinstance(ckpt.get("hyp"), Mapping) and ckpt["hyp"]:
