@@ -122,7 +122,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
         >>> check_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
         ...               resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
         Traceback (most recent call last):
-        ddp_utils.run.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
+        ddp_utils.run.option_checks.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
     """
     validate_options(opt, world_size)
     stall_timeout_from_env()  # DDP_UTILS_STALL_TIMEOUT that is no number: one line naming it, before anything runs
