@@ -98,7 +98,7 @@ def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, 
         # ---- model ----
         run, model, gs = build_model(run, device, info)
         train_loader, val_loader, dataset = build_loaders(run, info, gs, device)
-    if resume is None:  # the inputs are good: claim a run directory
+    if run.save_dir is None:  # the inputs are good: claim a run directory (a new run, or a copied last.pt resumed)
         run = run.replace(save_dir=make_run_dir(opt.project, opt.name, opt.exist_ok, info))
     record_run(run, info)
     # ---- optimizer, EMA, loss, DDP ----
@@ -144,6 +144,8 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int, device: torch.device) ->
     )
     val_loader, _ = du.create_val_dataloader(run.data["val"], run.imgsz, batch * 2, gs, prefix="val: ", **common)
     dataset.check_classes(run.nc, opt.data)  # a label class >= nc: one line naming the label file
+    if note := options.batch_size_note(run.batch_size, len(dataset)):  # YOLOv5 trains it, its batches cut short
+        du.LOGGER.warning(note)
     return train_loader, val_loader, dataset
 
 

@@ -1,5 +1,5 @@
-"""What the host has to spare and what its CPU can do: memory available to new allocations, free disk space,
-CPU time it queues, the CPU's feature flags.
+"""What the host has to spare and what its CPU can do: memory available to new allocations (and what limits
+this process's: a cgroup, ``ulimit -v``), free disk space, CPU time it queues, the CPU's feature flags.
 
 At the bottom of the package: the caches, the batch pool and anything else that sizes itself
 to the machine ask here, so that a test can stand in for the machine in one place.
@@ -8,6 +8,7 @@ to the machine ask here, so that a test can stand in for the machine in one plac
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 
 
@@ -27,6 +28,81 @@ def mem_available() -> int | None:
     except OSError:
         pass
     return None
+
+
+def memory_room(cgroup_root: str | Path = "/sys/fs/cgroup") -> tuple[int, str] | None:
+    """Bytes this process can still allocate, and what bounds it: the host's available memory, the memory
+    limit of its cgroup (a container's ``--memory``; what it holds in reclaimable page cache counted as free),
+    or its address-space limit (``ulimit -v``, less the address space it maps already); None when none is known.
+
+    Examples:
+        >>> room = memory_room()
+        >>> room is None or (room[0] >= 0 and room[1] in ROOM_LIMITS)
+        True
+    """
+    rooms = []
+    available = mem_available()
+    if available is not None:
+        rooms.append((available, ROOM_LIMITS[0]))
+    cgroup = _cgroup_room(Path(cgroup_root))
+    if cgroup is not None:
+        rooms.append((cgroup, ROOM_LIMITS[1]))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = _status_bytes("VmSize")
+    if soft != resource.RLIM_INFINITY and mapped is not None:
+        rooms.append((max(soft - mapped, 0), ROOM_LIMITS[2]))
+    return min(rooms) if rooms else None
+
+
+ROOM_LIMITS = ("the host's available memory", "its cgroup's memory limit", "its address-space limit, ulimit -v")
+
+
+def _status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (``VmSize``), in bytes."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room(root: Path) -> int | None:
+    """The memory limit of this process's cgroup less what it uses (v2 ``memory.max``, v1 ``memory.limit_in_bytes``),
+    its inactive page cache counted as free; None without a limit. A container sees its own cgroup at ``root``."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    paths = {line.split(":", 2)[1]: line.split(":", 2)[2] for line in lines if line.count(":") >= 2}
+    v2 = [root, root / paths.get("", "/").lstrip("/")]
+    v1 = [root / "memory", root / "memory" / paths.get("memory", "/").lstrip("/")]
+    files = [(d, "memory.max", "memory.current", "inactive_file") for d in v2]
+    files += [(d, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file") for d in v1]
+    rooms = []
+    for directory, limit_name, usage_name, inactive_name in files:
+        try:
+            limit_text = (directory / limit_name).read_text().strip()
+            usage = int((directory / usage_name).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or int(limit_text) >= 2**60:  # no limit (v1 writes a page-rounded 2**63 - 1)
+            continue
+        rooms.append(int(limit_text) - usage + _stat_field(directory / "memory.stat", inactive_name))
+    return max(min(rooms), 0) if rooms else None
+
+
+def _stat_field(path: Path, name: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def disk_free(directory: str | Path) -> int:

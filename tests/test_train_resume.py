@@ -7,10 +7,12 @@
   ending where the uninterrupted run does but for rounding (compared in float64, where rounding
   does not hide a difference); a total the new number of processes cannot share is one line,
   before anything is written.
-- Everything that can refuse a resume (a missing file, a file that is not a run's weights/last.pt,
-  a last.pt copied alone into another directory, a stripped, converted or YOLOv5 checkpoint) is
-  one line and exit code 2 with every path under the test's directory (folders included, the
-  run's working directory among them) untouched; a finished run exits 0, also without a write.
+- Everything that can refuse a resume (a missing file, a run's best.pt or epochN.pt, a stripped,
+  converted or YOLOv5 checkpoint) is one line and exit code 2 with every path under the test's
+  directory (folders included, the run's working directory among them) untouched; a finished run
+  exits 0, also without a write.
+- A last.pt copied outside its run (taken from a cluster) resumes, as YOLOv5 resumes it, from what
+  it holds into a new run directory named in the log, bit-identical to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -110,8 +112,8 @@ def resumed(cmd: list[str], last: Path, state: TrainState) -> str:
     return result.stderr
 
 
-def assert_bit_identical(a: Path, b: Path) -> None:
-    """Two runs' last.pt (raw weights, EMA, optimizer, EMA updates) and results.csv, bit for bit."""
+def assert_bit_identical(a: Path, b: Path, csv: bool = True) -> None:
+    """Two runs' last.pt (raw weights, EMA, optimizer, EMA updates) and results.csv (``csv``), bit for bit."""
     ca, cb = load_checkpoint(a / "weights" / "last.pt"), load_checkpoint(b / "weights" / "last.pt")
     for key in ("train_model", "model"):
         for name, tensor in ca[key].items():
@@ -120,7 +122,7 @@ def assert_bit_identical(a: Path, b: Path) -> None:
     for i, state in ca["optimizer"]["state"].items():
         assert torch.equal(state["momentum_buffer"], cb["optimizer"]["state"][i]["momentum_buffer"]), i
     assert ca["train_state"] == cb["train_state"]
-    assert (a / "results.csv").read_bytes() == (b / "results.csv").read_bytes()
+    assert not csv or (a / "results.csv").read_bytes() == (b / "results.csv").read_bytes()
 
 
 @pytest.mark.slow
@@ -267,26 +269,54 @@ def test_only_a_runs_last_pt_resumes_and_its_opt_yaml_stays(tmp_path, name):
     assert snapshot(tmp_path) == before
 
 
-def test_a_last_pt_outside_its_run_is_refused_and_the_directory_above_stays_empty(tmp_path):
-    save_dir = make_run(tmp_path / "runs")
-    (tmp_path / "scratch").mkdir()
-    shutil.copy(save_dir / "weights" / "last.pt", tmp_path / "scratch" / "last.pt")
+@pytest.mark.parametrize("where", ["alone", "into a directory without a run", "over another run's last.pt"])
+def test_a_last_pt_copied_outside_its_run_is_not_refused_and_writes_nowhere_when_finished(tmp_path, where):
+    """A copy is resumed from the options it holds, as YOLOv5 resumes it, in a new run directory; it was refused.
+    Finished, it has nothing to do: exit 0, nothing written, the run it was copied over untouched."""
+    save_dir = make_run(tmp_path / "runs", epochs=1, epoch_done=0)
+    if where == "alone":
+        copy = tmp_path / "scratch" / "last.pt"
+    else:
+        other = make_run(tmp_path / "runs", name="exp2") if "another" in where else tmp_path / "runs" / "exp2"
+        copy = other / "weights" / "last.pt"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(save_dir / "weights" / "last.pt", copy)
     before = snapshot(tmp_path)
-    copy = tmp_path / "scratch" / "last.pt"
-    assert_refused(resume(copy, tmp_path), str(copy), "<run>/weights/last.pt")
+    result = resume(copy, tmp_path)
+    assert result.returncode == 0 and f"{copy} has finished all 1 epochs: nothing to resume" in result.stderr, describe(
+        [result]
+    )
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("beside", ["nothing", "another run"])
-def test_a_last_pt_copied_alone_into_another_run_directory_is_refused(tmp_path, beside):
-    save_dir = make_run(tmp_path / "runs")
-    other = make_run(tmp_path / "runs", name="exp2") if beside == "another run" else tmp_path / "runs" / "exp2"
-    (other / "weights").mkdir(parents=True, exist_ok=True)
-    shutil.copy(save_dir / "weights" / "last.pt", other / "weights" / "last.pt")
-    before = snapshot(tmp_path)
-    copy = other / "weights" / "last.pt"
-    assert_refused(resume(copy, tmp_path), str(copy), f"saved by the run in {save_dir}", "--weights")
-    assert snapshot(tmp_path) == before
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_last_pt_copied_from_another_machine_resumes_into_a_new_run_directory_bit_identical(data, tmp_path):
+    """``--resume /elsewhere/last.pt``, the run's directory not here (a copy taken from a cluster): it continues
+    from the options and hyperparameters the file holds in the run directory --project/--name give, named in the
+    log, and ends where the uninterrupted run does, bit for bit; the new directory then resumes in place."""
+    common = ("--epochs", "2", "--workers", "1")
+    full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), 180)
+    assert full.returncode == 0, describe([full])
+    last = tmp_path / "cut" / "weights" / "last.pt"
+    state = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, 2, 2)
+    copy = tmp_path / "elsewhere" / "last.pt"
+    copy.parent.mkdir()
+    shutil.copy(last, copy)
+    shutil.move(tmp_path / "cut", tmp_path / "on-the-cluster")  # the run is not here: its recorded directory is gone
+    here = tmp_path / "here"
+    cmd = [sys.executable, "train.py", "--resume", str(copy), "--project", str(here), "--name", "moved"]
+    result = run(cmd, train_env(), 240)
+    assert result.returncode == 0, describe([result])
+    assert f"resuming {copy} at {state.where()} in a new run directory under {here} " in result.stderr, result.stderr
+    assert f"logging to {here / 'moved'}" in result.stderr and f"; resumed at {state.where()}" in result.stderr
+    assert not (tmp_path / "cut").exists()  # nothing written where the copy says its run was
+    assert_bit_identical(tmp_path / "full", here / "moved", csv=False)
+    full_rows = (tmp_path / "full" / "results.csv").read_text().splitlines()
+    assert (here / "moved" / "results.csv").read_text().splitlines() == [full_rows[0], full_rows[2]]  # epoch 2 only
+    assert yaml.safe_load((here / "moved" / "opt.yaml").read_text())["save_dir"] == str(here / "moved")
+    again = run([sys.executable, "train.py", "--resume", str(here / "moved")], train_env(), 120)
+    assert again.returncode == 0 and "has finished all 2 epochs: nothing to resume" in again.stderr, describe([again])
 
 
 def test_a_whole_run_directory_moved_elsewhere_still_resumes(tmp_path):

@@ -6,6 +6,7 @@ Real train.py processes on the CPU (real torchrun with gloo where it says so), b
 from __future__ import annotations
 
 import re
+import resource
 import stat
 import subprocess
 import sys
@@ -114,6 +115,10 @@ def test_train_log_in_a_file_has_plain_progress_lines_and_off_has_none_and_files
         (["--epochs", "0"], "--epochs 0: train at least one epoch"),
         (["--imgsz", "100000"], "--imgsz 100000: one batch of 16 images of 100000 x 100000 px needs at least"),
         (["--seed", "99999999999999999999"], "--seed 99999999999999999999: give a seed >= 0 and at most 2**63 - 1"),
+        (["--cudnn-benchmark-limit", "99999999999999999999"], "--cudnn-benchmark-limit 99999999999999999999: give"),
+        (["--requeue-signal", "9"], "--requeue-signal 9: SIGKILL cannot be caught"),
+        (["--evolve", "1", "--evolve-heartbeat", "inf"], "--evolve-heartbeat inf: give seconds > 0 and at most"),
+        (["--evolve", "99999999999999999999"], "--evolve 99999999999999999999: give the number of trials, at least"),
     ],
 )
 def test_a_bad_option_value_is_one_line_exit_2_before_anything_is_written(args, named, tmp_path):
@@ -125,3 +130,41 @@ def test_a_bad_option_value_is_one_line_exit_2_before_anything_is_written(args, 
     assert len(errors) == 1 and errors[0].startswith(f"train.py: error: {named}"), describe([result])
     assert "Traceback" not in result.stderr, describe([result])
     assert not project.exists() and not datasets.exists()  # refused before the data or a run directory
+
+
+@pytest.mark.timeout(200)
+def test_an_image_size_past_the_address_space_limit_is_one_line_exit_2_before_anything_is_written(tmp_path):
+    """``ulimit -v``: the host's free memory says nothing of it; the batch (2 GiB of 12000 px images) would end in a
+    traceback from the allocator, after the data and a run directory."""
+    probe = "import resource, train; from ddp_utils.host import _status_bytes; print(_status_bytes('VmSize'))"
+    mapped = int(run([sys.executable, "-c", probe], train_env(), 100).stdout.split()[-1])
+    limit = mapped + 2**30  # a gibibyte more than train.py maps once imported
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+
+    project, datasets = tmp_path / "runs", tmp_path / "datasets"
+    cmd = [sys.executable, "train.py", "--device", "cpu", "--project", str(project), "--imgsz", "12000",
+           "--batch-size", "1", "--workers", "0", "--epochs", "1"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO_ROOT, env=train_env(datasets=datasets), capture_output=True, text=True,
+                            timeout=180, preexec_fn=limited, check=False)  # fmt: skip
+    assert result.returncode == 2, describe([result])
+    errors = [line for line in result.stderr.splitlines() if "train.py: error:" in line]
+    assert len(errors) == 1 and "--imgsz 12000: one batch of 1 images of 12000 x 12000 px needs at least" in errors[0]
+    assert "its address-space limit, ulimit -v" in errors[0] and "Traceback" not in result.stderr, describe([result])
+    assert not project.exists() and not datasets.exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_batch_larger_than_the_dataset_trains_it_and_says_what_it_costs(tmp_path):
+    """YOLOv5 trains ``--batch-size 20000`` on 32 images (its loader cut to them) with weight decay scaled for
+    20,000: the log says so once; the shared-memory slots are sized for the 32 (they were for 20,000)."""
+    data = tiny_data_yaml(tmp_path)
+    extra = ("--epochs", "1", "--batch-size", "20000", "--imgsz", "64")  # 1.2 GiB for the up-front check: it passes
+    result = run([sys.executable, *train_args(data, tmp_path / "runs", *extra)], train_env(), 280)
+    assert result.returncode == 0, describe([result])
+    warned = [line for line in result.stderr.splitlines() if line.startswith("--batch-size 20000 is more than")]
+    assert len(warned) == 1, describe([result])
+    assert "the 32 training images: each step trains on those 32 (one step an epoch)" in warned[0]
+    assert "weight decay x625 what 32 would give): give --batch-size 32 or less" in warned[0]
+    assert re.search(r"^1/1 .* 1/1 100% ", result.stderr, re.M), result.stderr  # one step of the 32

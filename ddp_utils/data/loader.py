@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..distributed import dist_info, get_rank, get_world_size, is_dist_initialized, torch_distributed_zero_first
-from ..host import disk_free
+from ..host import disk_free, memory_room
 from ..log import LOGGER
 from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset
@@ -235,8 +235,9 @@ class EpochLoader:
 
 
 def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetch: int) -> BatchPool | None:
-    """Shared memory for the batches in flight, sized for the largest batch; None when there is none to spare
-    (or no images to carry: a dataset that sends recipes)."""
+    """Shared memory for the batches in flight, sized for the largest batch (never more images than the dataset
+    has: ``--batch-size 100000`` on 32 images makes batches of 32); None when there is none to spare (the host's
+    memory, ``ulimit -v``, /dev/shm) or no images to carry (a dataset that sends recipes)."""
     if getattr(dataset, "recipes", False):
         return None
     if dataset.rect:
@@ -244,14 +245,16 @@ def _batch_pool(dataset: YoloDataset, batch_size: int, num_workers: int, prefetc
     else:
         pixels = dataset.imgsz**2  # mosaics and letterboxed images (a quad batch has as many pixels)
     # in flight: the DataLoader's prefetch per worker, the batch being copied out, one spare
-    slots, slot_bytes = prefetch * num_workers + 2, 3 * pixels * batch_size
+    slots, slot_bytes = prefetch * num_workers + 2, 3 * pixels * min(batch_size, max(len(dataset), 1))
     need = slots * slot_bytes
+    room = memory_room()
     try:
         # tmpfs does not reserve on ftruncate: filling a full /dev/shm would be a SIGBUS, not an error
         free = disk_free("/dev/shm")  # where torch's shared memory lives on Linux
-        if free < 2 * need:  # a container's 64 MB default: leave it to torch's own batches
-            LOGGER.debug(
+        if free < 2 * need or (room is not None and room[0] < 2 * need):  # a container's 64 MB default: leave it
+            LOGGER.debug(  # to torch's own batches
                 f"no shared batch pool: {need / 2**20:.0f} MiB wanted, /dev/shm has {free / 2**20:.0f} MiB free"
+                + (f", this process can take {room[0] / 2**20:.0f} MiB more ({room[1]})" if room else "")
             )
             return None
         return BatchPool(slots, slot_bytes)

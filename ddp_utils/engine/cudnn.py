@@ -36,6 +36,10 @@ from .amp import AMP_DTYPES
 CUDNN_MODES = ("off", "on", "warm")
 
 
+MAX_BENCHMARK_LIMIT = 2**31 - 1  # cuDNN keeps the limit in a C int: torch wraps a larger one (2**40 -> 0, "all")
+BENCHMARK_LIMIT_ADVICE = f"give the algorithms to try per convolution, 0 for all, at most {MAX_BENCHMARK_LIMIT}"
+
+
 def set_cudnn_tuning(mode: str = "off", deterministic: bool = False, limit: int | None = None) -> None:
     """Set cuDNN's algorithm choice for this process: heuristics (``off``) or autotuning (``on``, ``warm``).
 
@@ -49,7 +53,8 @@ def set_cudnn_tuning(mode: str = "off", deterministic: bool = False, limit: int 
             0: all of them); None keeps torch's (10).
 
     Raises:
-        ValueError: an unknown mode, or a negative limit.
+        ValueError: an unknown mode, or a limit that is negative or past cuDNN's int (:data:`MAX_BENCHMARK_LIMIT`:
+            torch would store 2**31 as a negative number, 2**40 as 0, "all").
 
     Examples:
         >>> set_cudnn_tuning("on"); torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
@@ -61,8 +66,8 @@ def set_cudnn_tuning(mode: str = "off", deterministic: bool = False, limit: int 
     """
     if mode not in CUDNN_MODES:
         raise ValueError(f"--cudnn-benchmark {mode}: choose one of {', '.join(CUDNN_MODES)}")
-    if limit is not None and limit < 0:
-        raise ValueError(f"--cudnn-benchmark-limit {limit}: give the algorithms to try per convolution, 0 for all")
+    if limit is not None and not 0 <= limit <= MAX_BENCHMARK_LIMIT:
+        raise ValueError(f"--cudnn-benchmark-limit {limit}: {BENCHMARK_LIMIT_ADVICE}")
     torch.backends.cudnn.benchmark = mode != "off" and not deterministic
     torch.backends.cudnn.deterministic = deterministic
     if limit is not None:
@@ -175,4 +180,12 @@ def _forward_backward(model: nn.Module, shape: tuple[int, ...], device: torch.de
     return sum(g is not None for g in grads)
 
 
-__all__ = ["CUDNN_MODES", "ConvWarmUp", "run_warm_up", "set_cudnn_tuning", "warm_up_convolutions"]
+__all__ = [
+    "BENCHMARK_LIMIT_ADVICE",
+    "CUDNN_MODES",
+    "MAX_BENCHMARK_LIMIT",
+    "ConvWarmUp",
+    "run_warm_up",
+    "set_cudnn_tuning",
+    "warm_up_convolutions",
+]

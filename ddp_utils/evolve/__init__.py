@@ -5,7 +5,8 @@ What lives where:
 - ``space.py``: the search space: YOLOv5's table of gains and limits, ``--evolve-hyps``, clipping and rounding.
 - ``mutation.py``: YOLOv5's mutation as an Optuna sampler (:class:`YOLOv5Sampler`).
 - ``store.py``: the study store (SQLite in the evolve directory, or a PostgreSQL URL), the study's N slots,
-  claiming the next trial atomically, heartbeats, a stopped trial back in the queue.
+  claiming the next trial atomically, a stopped trial back in the queue; ``heartbeat.py``: a running trial's
+  heartbeat.
 - ``settings.py``: what the ``--evolve-*`` options settle (:class:`EvolveSettings`).
 - ``trial.py``: one trial: its train.py options, its pruning (:class:`TrialStopper`).
 - ``records.py``: evolve.csv, hyp_evolve.yaml and evolve.png, in YOLOv5's forms, written from the study.

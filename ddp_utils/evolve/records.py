@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import optuna
 import yaml
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from ..files import mkstemp_shared
 from ..run.loggers import METRIC_COLUMNS
@@ -55,10 +55,12 @@ class TrialResult:
         return float(fitness(np.array(self.metrics)))
 
 
-def trial_results(study: optuna.Study, base: Mapping[str, float]) -> list[TrialResult]:
-    """The study's finished trials (complete or pruned, with their metrics recorded), by trial number."""
+def trial_results(study: optuna.Study | Sequence[FrozenTrial], base: Mapping[str, float]) -> list[TrialResult]:
+    """The study's finished trials (complete or pruned, with their metrics recorded), by trial number; from
+    ``study``, or from its trials as one reading of it gave them."""
+    trials = study.get_trials(deepcopy=False) if isinstance(study, optuna.Study) else study
     results = []
-    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+    for t in sorted(trials, key=lambda t: t.number):
         metrics = t.user_attrs.get("metrics")
         if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not metrics:
             continue

@@ -14,6 +14,7 @@ import optuna
 
 from ..distributed import stall_timeout_from_env
 from ..hyp import load_hyp
+from ..run.option_checks import MAX_HEARTBEAT, chosen
 from ..yamls import find_yaml, read_yaml
 from .mutation import YOLOv5Sampler
 from .space import Bound, constrain, search_space, space_record
@@ -59,11 +60,12 @@ class EvolveSettings:
         """Settle the options; reads the data and hyp yamls, writes nothing.
 
         Raises:
-            ValueError: (one line) a hyperparameter name the hyp lacks, a heartbeat that is no positive number, a
-                data or hyp yaml that is missing or wrong, a storage URL that is no database URL.
+            ValueError: (one line) a hyperparameter name the hyp lacks, a heartbeat that is no number of seconds
+                up to a day, a data or hyp yaml that is missing or wrong, a storage URL that is no database URL.
         """
-        if opt.evolve_heartbeat is None or not opt.evolve_heartbeat > 0:
-            raise ValueError(f"--evolve-heartbeat {opt.evolve_heartbeat}: give seconds > 0, e.g. 60")
+        if opt.evolve_heartbeat is None or not 0 < opt.evolve_heartbeat <= MAX_HEARTBEAT:  # nan, inf: refused
+            raise ValueError(f"--evolve-heartbeat {opt.evolve_heartbeat}: give seconds > 0 and at most "
+                             f"{MAX_HEARTBEAT:.0f} (a day), e.g. 60")  # fmt: skip
         data_file = find_yaml("data", opt.data)
         data = read_yaml(data_file)
         defaults = data.get("train_defaults") or {}
@@ -89,7 +91,7 @@ class EvolveSettings:
             hyp=hyp,
             space=space,
             data=identity,
-            epochs=int(opt.epochs or defaults.get("epochs", 100)),
+            epochs=int(chosen(opt.epochs, defaults.get("epochs", 100))),
             prune=opt.evolve_prune,
             sampler=opt.evolve_sampler,
             heartbeat=float(opt.evolve_heartbeat),

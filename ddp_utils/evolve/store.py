@@ -19,16 +19,14 @@ across nodes). What this module adds to Optuna's storage, and why:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import random
 import re
 import socket
-import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -219,11 +217,26 @@ def open_study(
         return study
     name_objective(study)
     study.set_user_attr(IDENTITY, json.loads(json.dumps(dict(identity))))
-    study.enqueue_trial(dict(first))
-    for _ in range(int(identity["generations"]) - 1):
-        study.enqueue_trial({})
+    queue_slots(study, name, first, int(identity["generations"]))
     study.set_user_attr(READY, True)
     return study
+
+
+QUEUE_NOTE = 100  # a new study of this many trials or more says it is queuing them (a few ms to 50 ms a row)
+NOTE_EVERY_S = 10.0  # and how far it got, this often
+
+
+def queue_slots(study: optuna.Study, name: str, first: Mapping[str, float], generations: int) -> None:
+    """Enqueue the new study's ``generations`` slots, the first with ``first``; a long queue says how far it got."""
+    if generations >= QUEUE_NOTE:
+        LOGGER.info(f"evolve: new study {name!r}: queuing its {generations:,} trials in the store, one row each")
+    noted = time.monotonic()
+    study.enqueue_trial(dict(first))
+    for queued in range(2, generations + 1):
+        study.enqueue_trial({})
+        if time.monotonic() - noted > NOTE_EVERY_S:
+            noted = time.monotonic()
+            LOGGER.info(f"evolve: {queued:,}/{generations:,} trials queued")
 
 
 def name_objective(study: optuna.Study) -> None:
@@ -235,24 +248,31 @@ def name_objective(study: optuna.Study) -> None:
 
 
 def _wait_ready(study: optuna.Study, name: str, identity: Mapping[str, Any], storage: RDBStorage, wait: float) -> None:
-    """Check a loaded study's identity, waiting (a little) for the worker that is still enqueueing its slots."""
-    deadline = time.monotonic() + wait
+    """Check a loaded study's identity, waiting for the worker that is still enqueueing its slots: as long as it
+    adds some within ``wait`` seconds (10,000 slots take minutes on a slow disk), saying so every little while."""
+    deadline, said, seen, study_id = time.monotonic() + wait, 0.0, -1, storage.get_study_id_from_name(name)
     while True:
-        attrs = study.user_attrs
+        attrs, queued = study.user_attrs, storage.get_n_trials(study_id)
         if IDENTITY in attrs:
             check_identity(name, attrs[IDENTITY], identity, storage.url)
             if attrs.get(READY):
                 return
-        elif study.trials:
+        elif queued:
             raise StoreError(
                 f"study {name!r} in {shown_url(storage.url)} was not made by train.py --evolve: "
                 "give another --name (the study's name) or another --evolve-storage"
             )
+        if queued > seen:  # the worker creating it is still at work
+            deadline, seen = time.monotonic() + wait, queued
         if time.monotonic() > deadline:
             raise StoreError(
                 f"study {name!r} in {shown_url(storage.url)} was never set up completely (the worker creating it "
                 "stopped): give another --name, or delete the study (optuna delete-study)"
             )
+        if IDENTITY in attrs and time.monotonic() - said > NOTE_EVERY_S:
+            said, total = time.monotonic(), int(attrs[IDENTITY].get("generations", 0))
+            LOGGER.info(f"evolve: another worker is setting study {name!r} up ({queued:,}/{total:,} trials queued): "
+                        "waiting for it")  # fmt: skip
         time.sleep(0.5)
 
 
@@ -345,8 +365,9 @@ def pause(storage: RDBStorage, trial: optuna.Trial) -> None:
     storage.set_trial_state_values(trial_id(trial), state=TrialState.WAITING)
 
 
-def results_count(study: optuna.Study) -> tuple[int, int]:
-    """(trials finished: complete, pruned or failed, not counting a failure that was retried; the study's N).
+def results_count(study: optuna.Study, trials: list[FrozenTrial] | None = None) -> tuple[int, int]:
+    """(trials finished: complete, pruned or failed, not counting a failure that was retried; the study's N),
+    of ``trials`` (one reading of the study) when given, else of the study now.
 
     Examples:
         >>> import optuna
@@ -357,66 +378,22 @@ def results_count(study: optuna.Study) -> tuple[int, int]:
         >>> results_count(study)
         (1, 3)
     """
-    trials = study.get_trials(deepcopy=False)
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
     finished = [t for t in trials if t.state.is_finished() and t.number not in retried]
     return len(finished), int(study.user_attrs.get(IDENTITY, {}).get("generations", 0))
-
-
-class Heartbeat:
-    """A running trial's heartbeat, recorded every ``interval`` seconds from a thread while the trial trains.
-
-    A store that does not answer for a while is logged once; the trial goes on (the heartbeat catches up, or
-    another worker fails the trial after the grace period and retries it from its last save).
-    """
-
-    def __init__(self, storage: RDBStorage, trial: optuna.Trial, interval: float) -> None:
-        self.storage, self.trial_id, self.interval = storage, trial_id(trial), max(float(interval), 0.1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="evolve-heartbeat", daemon=True)
-        self._warned = False
-
-    def __enter__(self) -> Heartbeat:
-        self.storage.record_heartbeat(self.trial_id)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.storage.record_heartbeat(self.trial_id)
-            except Exception as exc:  # the store is away for a moment: the trial trains on
-                if not self._warned:
-                    self._warned = True
-                    LOGGER.warning(f"evolve: the study store did not take trial {self.trial_id}'s heartbeat: {exc}")
-
-
-@contextlib.contextmanager
-def heartbeat(storage: RDBStorage | None, trial: optuna.Trial | None, interval: float) -> Iterator[None]:
-    """:class:`Heartbeat` on the rank that talks to the store; nothing elsewhere."""
-    if storage is None or trial is None:
-        yield
-        return
-    with Heartbeat(storage, trial, interval):
-        yield
 
 
 __all__ = [
     "IDENTITY",
     "MAX_RETRIES",
     "STUDY_FILE",
-    "Heartbeat",
     "StoreError",
     "check_identity",
     "check_storage_url",
     "claim",
     "default_storage_url",
     "grace_period",
-    "heartbeat",
     "open_storage",
     "open_study",
     "pause",

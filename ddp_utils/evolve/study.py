@@ -34,13 +34,13 @@ from ..distributed import DistInfo, broadcast_object, launch_key
 from ..engine.guard import TrainingDiverged
 from ..log import LOGGER
 from ..run.options import is_user_error, user_errors
+from .heartbeat import heartbeat
 from .records import TrialResult, trial_line, trial_metrics, trial_results, write_records
 from .settings import EvolveSettings
 from .store import (
     STUDY_FILE,
     StoreError,
     claim,
-    heartbeat,
     open_storage,
     open_study,
     pause,
@@ -120,30 +120,45 @@ class Evolution:
         LOGGER.info(f"evolve: trial {trial.number} stopped and saved; start the same command again to continue it")
 
     def write(self, result: TrialResult | None, state: str, number: int | None = None) -> TrialResult | None:
-        """evolve.csv, hyp_evolve.yaml and evolve.png from the study; the trial's line when one ended."""
-        s = self.settings
-        results = trial_results(self.study, s.hyp)
-        best = write_records(s.evolve_dir, results, list(s.hyp), list(s.space), s.generations)
+        """evolve.csv, hyp_evolve.yaml and evolve.png from the study; the trial's line when one ended.
+
+        One reading of the study serves the records, the best and the count: read twice, a trial another worker
+        finished in between was counted and not among the results (``2/4 finished; best: trial 1`` while the
+        better trial 0 had finished).
+        """
+        trials = self.study.get_trials(deepcopy=False)
+        best = self._write_records(trials)
         if state:
-            done, total = results_count(self.study)
+            done, total = results_count(self.study, trials)
             LOGGER.info(trial_line(result, result.number if result else number, state, done, total, best))
         return best
 
-    def summary(self) -> str:
-        """The worker's last line: what the study holds, where the results are, how to use them."""
+    def _write_records(self, trials: list) -> TrialResult | None:
         s = self.settings
-        best = self.write(None, "")
+        results = trial_results(trials, s.hyp)
+        return write_records(s.evolve_dir, results, list(s.hyp), list(s.space), s.generations)
+
+    def summary(self) -> str:
+        """The worker's last line: what the study holds, where the results are, and how to use them once the
+        study is done; while trials still run elsewhere or wait (this worker was stopped: its stop line said how
+        to continue), the best so far and no instruction."""
+        s = self.settings
         trials = self.study.get_trials(deepcopy=False)
+        best = self._write_records(trials)
         count = {state: sum(t.state == state for t in trials) for state in TrialState}
-        done, total = results_count(self.study)
+        done, total = results_count(self.study, trials)
+        going_on = count[TrialState.RUNNING] + count[TrialState.WAITING]
         line = (f"evolve: {done}/{total} trials finished ({count[TrialState.PRUNED]} pruned, "
                 f"{count[TrialState.FAIL]} failed"
                 + (f", {count[TrialState.RUNNING]} running elsewhere" if count[TrialState.RUNNING] else "")
                 + (f", {count[TrialState.WAITING]} waiting" if count[TrialState.WAITING] else "") + ")")  # fmt: skip
-        if best is not None:
-            line += (f"; best: trial {best.number}, fitness {best.fitness:.4g}; results in {s.evolve_dir}; train with "
-                     f"them: python train.py --hyp {s.evolve_dir / 'hyp_evolve.yaml'}")  # fmt: skip
-        return line
+        if best is None:
+            return line
+        if going_on:  # not done: the results are rewritten as the other trials finish
+            return line + (f"; best so far: trial {best.number}, fitness {best.fitness:.4g}; results in "
+                           f"{s.evolve_dir}")  # fmt: skip
+        return line + (f"; best: trial {best.number}, fitness {best.fitness:.4g}; results in {s.evolve_dir}; train "
+                       f"with them: python train.py --hyp {s.evolve_dir / 'hyp_evolve.yaml'}")  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ It imports the step, never the other way round; :mod:`ddp_utils.evolve` (many ru
 
 What lives where, in the order a run meets it:
 
-- ``options.py``: train.py's options and their checks (a bad one is an :class:`OptionError`, a ``ValueError``
-  naming the option); a user's mistake as one line.
+- ``options.py``: train.py's options; a user's mistake as one line. ``option_checks.py``: their values' checks (a
+  bad one is an :class:`OptionError`, a ``ValueError`` naming the option), the defaults a data yaml may replace.
 - ``start.py``: the settled options (:class:`Run`), the run directory (``make_run_dir``; its numbered name,
   ``increment_path``, is ``run_dir.py``'s), ``hyp.yaml`` and ``opt.yaml``.
 - ``resume.py``: continuing a run: ``find_resume`` (find and check, before any write), ``restore_training``,

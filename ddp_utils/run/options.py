@@ -3,8 +3,11 @@
 - :func:`add_train_options`: every option of train.py (``python train.py --help``), YOLOv5's names and defaults
   first; :func:`add_evolve_options`: ``--evolve`` and its settings; :func:`add_yolov5_options`: YOLOv5's
   options that do nothing here, accepted so its commands run.
-- :func:`validate_options` (raises :class:`OptionError`, a ``ValueError`` naming the option) and
-  :func:`check_options` (the same, and the notes a run logs): before any process group or file.
+- :func:`~ddp_utils.run.option_checks.validate_options` (raises :class:`OptionError`, a ``ValueError`` naming the
+  option; the values' checks live in ``option_checks.py``) and :func:`check_options` (the same, and the notes a
+  run logs): before any process group or file. An option left at its default is a
+  :class:`~ddp_utils.run.option_checks.Default` (``--epochs`` 100, ``--imgsz`` 640, as YOLOv5's), which the
+  data yaml's ``train_defaults`` may replace.
 - :func:`user_errors`: a wrong path, file or value met while starting a run becomes one line and exit code 2
   on the command line, not a traceback; from Python (:func:`raising_user_errors`, what ``train.run`` runs in) it
   stays the exception it is, so a caller catches it and the interpreter goes on.
@@ -15,22 +18,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
-import importlib.util
-import math
 import signal
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-import torch
-
 from ..data.download import DownloadError
 from ..distributed import DistEnvError, RankFailedError, exit_usage_error, stall_timeout_from_env
 from ..engine.cudnn import CUDNN_MODES
-from ..host import mem_available
 from ..log import LOGGER
 from ..progress import PROGRESS_MODES
 from ..yolo.foreign import ForeignCheckpointError
 from .checkpoint import CheckpointError
+from .option_checks import Default, OptionError, batch_image_bytes, batch_size_note, validate_options
 from .signals import requeue_signal
 from .trackers import TRACKERS
 
@@ -42,9 +41,10 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     add("--cfg", default="yolov5n.yaml", help="model yaml (configs/models/ or a path)")
     add("--data", default="shapes.yaml", help="dataset yaml (data/ or a path)")
     add("--hyp", default=None, help="hyperparameter yaml; default: the data yaml's, else hyp.scratch-low.yaml")
-    add("--epochs", type=int, default=None, help="default: the data yaml's train_defaults, else 100")
+    add("--epochs", type=int, default=Default(100), help="default: the data yaml's train_defaults, else 100")
     add("--batch-size", type=int, default=16, help="total batch size over all processes; -1: AutoBatch (GPU)")
-    add("--imgsz", "--img", "--img-size", type=int, default=None, help="train/val size (px); default from data yaml")
+    add("--imgsz", "--img", "--img-size", type=int, default=Default(640),
+        help="train/val size (px); default: the data yaml's train_defaults, else 640")  # fmt: skip
     add("--rect", action="store_true", help="rectangular training batches")
     add(
         "--resume",
@@ -110,77 +110,6 @@ def _add_host_options(parser: argparse.ArgumentParser) -> None:
     add("--dist-debug", action="store_true", help="check collectives across ranks, NCCL flight recorder on timeout")
 
 
-class OptionError(ValueError):
-    """A train.py option with a value or combination it cannot train with; :attr:`option` names it.
-
-    A :class:`ValueError`, so a caller of ``train.run(...)`` catches it by type; the command line
-    prints its message as one line, ``train.py: error: ...``, and exits 2.
-
-    Attributes:
-        option: the option at fault, as typed on the command line (``"--imgsz"``).
-
-    Examples:
-        >>> exc = OptionError("--imgsz", "--imgsz -5: give the image size in pixels")
-        >>> exc.option, isinstance(exc, ValueError)
-        ('--imgsz', True)
-    """
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
-
-
-def validate_options(opt: argparse.Namespace, world_size: int) -> None:
-    """Refuse bad values and combinations of train.py's options, saying nothing else.
-
-    What :func:`check_options` checks; ``train.run(...)`` calls it first, so that a bad value from
-    Python is an exception the caller can catch.
-
-    Raises:
-        OptionError: one line naming the option, its value and what to do.
-
-    Examples:
-        >>> validate_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
-        ...                  resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
-        Traceback (most recent call last):
-        ddp_utils.run.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
-    """
-    if opt.batch_size < 1 and opt.batch_size != -1:
-        raise OptionError(
-            "--batch-size",
-            f"--batch-size {opt.batch_size}: give the total batch size, a positive integer, or -1 (AutoBatch)",
-        )
-    if opt.batch_size != -1 and opt.batch_size % world_size and not opt.resume:  # a resume keeps its recorded total
-        raise OptionError(
-            "--batch-size",
-            f"--batch-size {opt.batch_size} does not divide by WORLD_SIZE={world_size}: use a multiple of {world_size}",
-        )
-    if opt.image_weights and world_size > 1:
-        raise OptionError(
-            "--image-weights", "--image-weights works in a single process only: drop it or run without torchrun"
-        )
-    if opt.epochs is not None and opt.epochs < 1:
-        raise OptionError("--epochs", f"--epochs {opt.epochs}: train at least one epoch")
-    _check_ranges(opt)
-    _check_image_memory(opt, world_size)
-    if getattr(opt, "augment_on", "auto") == "device" and opt.quad:
-        raise OptionError(
-            "--augment-on",
-            "--augment-on device and --quad do not go together: quad batches are made in the loader workers; drop one",
-        )
-    if opt.rect and opt.multi_scale:
-        raise OptionError("--rect", "--rect and --multi-scale do not go together: rect batches have fixed shapes")
-    try:
-        requeue_signal(opt.requeue_signal)
-    except ValueError as exc:
-        raise OptionError("--requeue-signal", str(exc)) from None
-    evolve = getattr(opt, "evolve", None)
-    if evolve is not None and evolve < 1:
-        raise OptionError("--evolve", f"--evolve {evolve}: give the number of trials, at least 1 (bare: 300)")
-    if evolve is not None and importlib.util.find_spec("optuna") is None:
-        raise OptionError("--evolve", "--evolve keeps its trials in an Optuna study: pip install 'ddp_utils[evolve]'")
-
-
 def check_options(opt: argparse.Namespace, world_size: int) -> None:
     """Refuse bad combinations of train.py's options before any process group starts, then say in one
     line each what a given option does not do here (``--sync-bn`` alone, YOLOv5's options).
@@ -193,7 +122,7 @@ def check_options(opt: argparse.Namespace, world_size: int) -> None:
         >>> check_options(argparse.Namespace(batch_size=3, image_weights=False, epochs=None, sync_bn=False,
         ...               resume=False, rect=False, multi_scale=False, requeue_signal="none"), world_size=2)
         Traceback (most recent call last):
-        ddp_utils.run.options.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
+        ddp_utils.run.option_checks.OptionError: --batch-size 3 does not divide by WORLD_SIZE=2: use a multiple of 2
     """
     validate_options(opt, world_size)
     stall_timeout_from_env()  # DDP_UTILS_STALL_TIMEOUT that is no number: one line naming it, before anything runs
@@ -260,76 +189,6 @@ def yolov5_option_notes(opt: argparse.Namespace) -> list[str]:
         for name, default, why in _YOLOV5_ONLY
         if getattr(opt, name, default) != default
     ]
-
-
-MAX_SEED = 2**63 - 1  # torch keeps a seed in 64 bits, and each rank adds its rank to it
-
-# option: (a test its value must pass, what to use instead); options a Namespace lacks are not checked
-_RANGES = {
-    "imgsz": (lambda v: v is None or v >= 1, "give the image size in pixels, e.g. 640 (a multiple of the stride)"),
-    "workers": (lambda v: v is None or v >= 0, "give a number of loader workers >= 0 (0: load in the process)"),
-    "patience": (lambda v: v >= 0, "give epochs without improvement >= 0 (0: never stop early)"),
-    "save_interval": (lambda v: math.isfinite(v) and v >= 0, "give minutes >= 0 (0: no mid-epoch saves)"),
-    "label_smoothing": (lambda v: 0 <= v < 1, "give a value in [0, 1), e.g. 0.1"),
-    "freeze": (lambda v: all(i >= 0 for i in v), "give layer counts or indices >= 0"),
-    "seed": (lambda v: 0 <= v <= MAX_SEED, f"give a seed >= 0 and at most 2**63 - 1 ({MAX_SEED})"),
-}
-
-
-def _check_ranges(opt: argparse.Namespace) -> None:
-    """Every numeric option within its range, or one line naming the option, the value and what to use."""
-    for name, (valid, advice) in _RANGES.items():
-        if hasattr(opt, name) and not valid(getattr(opt, name)):
-            value = getattr(opt, name)
-            shown = " ".join(map(str, value)) if isinstance(value, list) else value
-            option = f"--{name.replace('_', '-')}"
-            raise OptionError(option, f"{option} {shown}: {advice}")
-
-
-def batch_image_bytes(imgsz: int, images: int, multi_scale: bool = False, float_copy: bool = True) -> int:
-    """Host memory that one batch of ``images`` square images of ``imgsz`` pixels takes at the least:
-    the uint8 images a loader hands over, plus the float32 copy the model reads when it runs on the CPU.
-
-    A lower bound: the model's activations, the loader's prefetched batches and the caches come on top.
-
-    Args:
-        imgsz: the image side in pixels.
-        images: images in one process's batch.
-        multi_scale: ``--multi-scale``, which draws sizes up to 1.5 x ``imgsz``.
-        float_copy: the float32 batch is in host memory too (training on the CPU).
-
-    Examples:
-        >>> batch_image_bytes(640, 16) / 2**20  # 16 images of 640 x 640 x 3, and their float copy
-        93.75
-        >>> round(batch_image_bytes(100_000, 16) / 2**40, 2)  # TiB: what --imgsz 100000 asks of a CPU run
-        2.18
-    """
-    side = math.ceil(imgsz * 1.5) if multi_scale else imgsz
-    return images * 3 * side * side * (1 + (4 if float_copy else 0))
-
-
-def _check_image_memory(opt: argparse.Namespace, world_size: int) -> None:
-    """Refuse an ``--imgsz`` whose one batch of images this host cannot hold, before anything is written."""
-    imgsz = getattr(opt, "imgsz", None)
-    available = mem_available()
-    if not imgsz or available is None:
-        return
-    images = max(opt.batch_size // world_size, 1) if opt.batch_size > 0 else 1  # AutoBatch: one image at least
-    multi_scale = bool(getattr(opt, "multi_scale", False))
-    on_cpu = str(getattr(opt, "device", "")).strip().lower() == "cpu" or not torch.cuda.is_available()
-    needed = batch_image_bytes(imgsz, images, multi_scale, float_copy=on_cpu)
-    if needed > available:
-        raise OptionError(
-            "--imgsz",
-            f"--imgsz {imgsz}: one batch of {images} images of {imgsz} x {imgsz} px"
-            f"{' (up to 1.5 x with --multi-scale)' if multi_scale else ''} needs at least {_gib(needed)} of "
-            f"memory in each process, and this host has {_gib(available)} available: give a smaller --imgsz "
-            "or --batch-size",
-        )
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"
 
 
 def options_with(opt: argparse.Namespace, values: dict[str, Any], world_size: int) -> argparse.Namespace:
@@ -441,3 +300,25 @@ def user_errors() -> Iterator[None]:
             usage_error(exc.leader_message)
         setattr(exc, _USER_ERROR_MARK, True)
         raise
+
+
+__all__ = [
+    "DIVERGED_EXIT_CODE",
+    "USER_ERRORS",
+    "OptionError",
+    "add_evolve_options",
+    "add_train_options",
+    "add_yolov5_options",
+    "batch_image_bytes",
+    "batch_size_note",
+    "check_options",
+    "control_settings",
+    "exit_or_raise",
+    "is_user_error",
+    "options_with",
+    "raising_user_errors",
+    "usage_error",
+    "user_errors",
+    "validate_options",
+    "yolov5_option_notes",
+]

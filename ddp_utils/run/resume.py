@@ -35,24 +35,28 @@ class ResumeError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Resume:
-    """A run to continue: its ``weights/last.pt``, loaded, and the options it recorded.
+    """A run to continue: its ``weights/last.pt`` (or a copy of it taken elsewhere), loaded, and the options it
+    recorded.
 
     Attributes:
-        checkpoint: the ``<run>/weights/last.pt`` continued from.
+        checkpoint: the file continued from: ``<run>/weights/last.pt``, or a copy outside its run.
         ckpt: the loaded checkpoint (weights, optimizer, EMA, scaler, options, train state).
         opt: the run's recorded options; options added since take their defaults.
         state: where it stopped (:class:`TrainState`).
+        copy: the checkpoint is a copy outside the run that saved it (``last.pt`` taken from a cluster): it
+            continues in a new run directory, claimed as a new run's once the inputs are checked.
     """
 
     checkpoint: Path
     ckpt: dict[str, Any]
     opt: argparse.Namespace
     state: TrainState
+    copy: bool = False
 
     @property
-    def save_dir(self) -> Path:
-        """The run directory: the checkpoint's ``weights/`` parent."""
-        return self.checkpoint.parent.parent
+    def save_dir(self) -> Path | None:
+        """The run directory: the checkpoint's ``weights/`` parent; None for a copy (a new one, not yet claimed)."""
+        return None if self.copy else self.checkpoint.parent.parent
 
     @property
     def finished(self) -> bool:
@@ -110,14 +114,15 @@ def run_checkpoint(path: str | Path) -> Path:
 
 
 def _checkpoint_to_resume(opt: argparse.Namespace, info: DistInfo, run_key: str) -> Path | None:
-    """Rank 0's choice: the given path, the project's newest last.pt, or an elastic restart's own."""
+    """Rank 0's choice: an elastic restart's own run (it may have moved on from what ``--resume`` named: a copy
+    resumed into a new run directory), else the given path or the project's newest last.pt."""
+    own = latest_checkpoint(opt.project, run_key=run_key) if info.restart_count > 0 else None
+    if own is not None:
+        return own
     if opt.resume:
         return run_checkpoint(opt.resume) if isinstance(opt.resume, str) else latest_checkpoint(opt.project)
     if info.restart_count > 0:
-        last = latest_checkpoint(opt.project, run_key=run_key)
-        if last is None:
-            LOGGER.warning(f"elastic restart {info.restart_count}: no last.pt of this run yet, starting over")
-        return last
+        LOGGER.warning(f"elastic restart {info.restart_count}: no last.pt of this run yet, starting over")
     return None
 
 
@@ -145,42 +150,56 @@ def check_resumable(path: Path, ckpt: Mapping[str, Any]) -> None:
         raise ResumeError(f"--resume {path}: the checkpoint records no training options; use --weights {path}")
 
 
-def _check_location(path: Path) -> None:
-    # A run is continued from its own weights/last.pt, as YOLOv5 does: best.pt and epochN.pt are
-    # earlier states of a run whose last.pt, results.csv and plots have moved on.
-    if path.name != "last.pt" or path.parent.name != "weights":
-        raise ResumeError(
-            f"--resume {path}: a run is resumed from its <run>/weights/last.pt; "
-            f"to start a new run from this file use --weights {path}"
-        )
+def in_its_run(path: Path, ckpt: Mapping[str, Any]) -> bool:
+    """Whether ``path`` lies in the run directory that saved it, as ``<run>/weights/<file>``.
+
+    The checkpoint records its run directory (``opt["save_dir"]``) and launch (``opt["run_key"]``). The file is
+    in its run when that directory is the recorded one (resolved), or when the directory's ``opt.yaml`` records
+    the same run (the whole run was moved or copied, its results.csv and plots with it); a checkpoint from before
+    runs recorded their directory is in its run in any ``weights/``.
+    """
+    if path.parent.name != "weights":
+        return False
+    recorded = ckpt["opt"].get("save_dir")
+    here = path.parent.parent
+    if not recorded or recorded == "None" or Path(recorded).resolve() == here.resolve():
+        return True
+    options = _recorded_options(here)
+    return options.get("run_key") == ckpt["opt"].get("run_key") and options.get("save_dir") == recorded
 
 
-def check_run_directory(path: Path, ckpt: Mapping[str, Any]) -> None:
-    """Refuse a ``last.pt`` that is not in the run directory it was saved in (a copy of the file alone).
-
-    The checkpoint records its run directory (``opt["save_dir"]``) and launch (``opt["run_key"]``).
-    It resumes where it lies when that directory is the recorded one (resolved), or when the
-    directory's ``opt.yaml`` records the same run: the whole run was moved or copied, its
-    results.csv and plots with it. A ``last.pt`` copied into some other ``X/weights/`` would make
-    ``X`` a run without its history, so it is refused.
+def check_run_file(path: Path, ckpt: Mapping[str, Any]) -> bool:
+    """Whether ``path`` continues its run where it lies (True) or is a copy outside it (False), which continues in a
+    new run directory, as YOLOv5 resumes any ``last.pt`` it is given from the options the file holds.
 
     Raises:
-        ResumeError: one line naming the file, the run it belongs to and what to do instead.
+        ResumeError: ``best.pt`` or ``epochN.pt`` of a run in its own directory: an earlier state of a run whose
+            ``last.pt``, results.csv and plots have moved on (one line: resume the run, or --weights).
     """
-    recorded = ckpt["opt"].get("save_dir")
-    if not recorded or recorded == "None":  # written before runs recorded their directory
-        return
-    here = path.parent.parent
-    if Path(recorded).resolve() == here.resolve():
-        return
-    options = _recorded_options(here)
-    if options.get("run_key") == ckpt["opt"].get("run_key") and options.get("save_dir") == recorded:
-        return  # the run directory itself was moved or copied
-    raise ResumeError(
-        f"--resume {path}: this last.pt was saved by the run in {recorded}, and {here} is not that run "
-        f"(its opt.yaml records {'another run' if options else 'nothing'}): resume the run where it is "
-        f"(--resume {Path(recorded) / 'weights' / 'last.pt'}), or start a new run from this file with --weights {path}"
-    )
+    if not in_its_run(path, ckpt):
+        return False
+    if path.name != "last.pt":
+        raise ResumeError(
+            f"--resume {path}: a run is resumed from its <run>/weights/last.pt, and this is an earlier state of "
+            f"its run (resume it with --resume {path.parent / 'last.pt'}); to start a new run from this file use "
+            f"--weights {path}"
+        )
+    return True
+
+
+def _where_it_continues(path: Path, ckpt: Mapping[str, Any], info: DistInfo) -> bool:
+    """:func:`check_run_file` on rank 0 (it reads the run's opt.yaml, which a node without a shared file system
+    lacks), its verdict or its error on every rank alike."""
+    verdict: bool | str | None = None
+    if info.is_main:
+        try:
+            verdict = check_run_file(path, ckpt)
+        except ResumeError as exc:
+            verdict = str(exc)
+    verdict = broadcast_object(verdict)
+    if isinstance(verdict, str):
+        raise ResumeError(verdict)
+    return bool(verdict)
 
 
 def _check_scale(path: Path, ckpt: Mapping[str, Any], info: DistInfo) -> None:
@@ -199,7 +218,9 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
     With ``--resume`` (a run directory, its ``weights/last.pt``, or the project's newest ``last.pt``),
     or by itself on an elastic restart (torchrun ``--max-restarts``, a SLURM requeue), which finds its
     own run by the launch key recorded in ``opt.yaml``. Every rank raises the same error, or none. The run may resume
-    with another number of processes than it was saved with, when they divide its total batch.
+    with another number of processes than it was saved with, when they divide its total batch. A checkpoint
+    that is a copy outside the run that saved it (:func:`check_run_file`) resumes from the options and
+    hyperparameters it holds into a new run directory (:attr:`Resume.copy`), which the caller claims.
 
     Args:
         opt: the parsed options.
@@ -211,8 +232,8 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
 
     Raises:
         FileNotFoundError: the checkpoint is missing (a run directory given: its ``weights/last.pt``).
-        ResumeError: not a run's ``weights/last.pt``, a copy outside its run, stripped, foreign, without
-            options, or a total batch this number of processes cannot share.
+        ResumeError: an earlier state of a run in its directory (``best.pt``, ``epochN.pt``), stripped,
+            foreign, without options, or a total batch this number of processes cannot share.
         CheckpointError: not a checkpoint file, or a damaged one (cut short, bytes changed): the message
             names the run's last good checkpoint and how to continue from it.
     """
@@ -232,17 +253,24 @@ def find_resume(opt: argparse.Namespace, info: DistInfo, defaults: Mapping[str, 
                 "directory or its weights/last.pt"
             )
         raise FileNotFoundError(f"--resume {last}: no such checkpoint; give a run's directory or its weights/last.pt")
-    _check_location(last)
     ckpt = _load_whole(last, opt, info)
     check_resumable(last, ckpt)
-    check_run_directory(last, ckpt)
+    in_place = _where_it_continues(last, ckpt, info)
     _check_scale(last, ckpt, info)
-    resumed = argparse.Namespace(**{**defaults, **ckpt["opt"], "resume": str(last), "weights": str(last)})
-    resume = Resume(last, ckpt, resumed, TrainState.from_checkpoint(ckpt))
+    resumed = {**defaults, **ckpt["opt"], "resume": str(last), "weights": str(last)}
+    if not in_place and isinstance(ckpt.get("hyp"), Mapping) and ckpt["hyp"]:
+        resumed["hyp"] = dict(ckpt["hyp"])  # the values it trained with: its hyp yaml may not be here
+    resume = Resume(last, ckpt, argparse.Namespace(**resumed), TrainState.from_checkpoint(ckpt), copy=not in_place)
     if resume.finished:
-        LOGGER.info(f"{last} has finished all {resumed.epochs} epochs: nothing to resume")
-    else:
+        LOGGER.info(f"{last} has finished all {resume.opt.epochs} epochs: nothing to resume")
+    elif in_place:
         LOGGER.info(f"resuming {resume.save_dir} at {resume.state.where()}{_scale_change(resume, info)}")
+    else:
+        LOGGER.info(
+            f"resuming {last} at {resume.state.where()}{_scale_change(resume, info)} in a new run directory under "
+            f"{opt.project} (--project, --name; the line 'logging to' names it): this file is a copy outside the run "
+            f"that saved it ({ckpt['opt'].get('save_dir')}), which it continues from the options it holds"
+        )
     return resume
 
 
@@ -372,9 +400,10 @@ __all__ = [
     "Resume",
     "ResumeError",
     "check_resumable",
-    "check_run_directory",
+    "check_run_file",
     "find_resume",
     "gather_losses",
+    "in_its_run",
     "latest_checkpoint",
     "restore_training",
     "run_checkpoint",

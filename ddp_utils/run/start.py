@@ -21,6 +21,7 @@ from ..engine.amp import train_mode
 from ..hyp import load_hyp
 from ..log import LOGGER
 from .loggers import yaml_save
+from .option_checks import chosen
 from .resume import Resume
 from .run_dir import increment_path
 
@@ -83,11 +84,11 @@ def start_run(opt: argparse.Namespace, info: DistInfo, device: Any, resume: Resu
         data=data,
         hyp=hyp,
         hyp_source=hyp_source,
-        epochs=opt.epochs or defaults.get("epochs", 100),
+        epochs=chosen(opt.epochs, defaults.get("epochs", 100)),  # --epochs given, else the data yaml's
         amp=mode.amp,
         nc=nc,
         names=names,
-        imgsz=opt.imgsz or defaults.get("imgsz", 640),
+        imgsz=chosen(opt.imgsz, defaults.get("imgsz", 640)),
         batch_size=opt.batch_size,
         resume=resume,
         channels_last=mode.channels_last,

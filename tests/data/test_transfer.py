@@ -120,3 +120,56 @@ def test_collate_fills_the_slot_and_sends_small_tensors_inline(takes_out):
     assert torch.equal(images, torch.stack([s[0] for s in samples]))
     assert torch.equal(labels, torch.tensor([[0, 0.5], [1, 0.5], [2, 0.5]]))
     assert pool.free_slots == 2
+
+
+def test_a_batch_larger_than_the_dataset_gets_slots_for_the_dataset_only(images, monkeypatch):
+    """``--batch-size 100000`` on 20 images: every batch holds the 20; the slots were sized for 100,000 (2.76 GB each
+    at 96 px, made and page-faulted at every start of the workers: 1.1 img/s)."""
+    made = []
+    monkeypatch.setattr(loader_module, "BatchPool", lambda slots, nbytes: made.append((slots, nbytes)) or "pool")
+    loader, dataset = create_dataloader(images, 64, 100_000, 32, hyp=HYP, augment=True, shuffle=True, workers=1)
+    assert loader_module._batch_pool(dataset, 100_000, 1, 2) == "pool"
+    assert made == [(1 * 2 + 2, 3 * 64 * 64 * len(dataset))] and len(dataset) == 20
+
+
+def test_no_pool_past_what_this_process_can_take(images, pooled_batches, monkeypatch):
+    """``ulimit -v`` (or a cgroup's limit) with room for less than twice the pool: the batches go torch's way."""
+    monkeypatch.setattr(loader_module, "memory_room", lambda: (100_000, "its address-space limit, ulimit -v"))
+    loader, _ = create_dataloader(images, 64, 4, 32, hyp=HYP, augment=True, shuffle=True, workers=2)
+    assert len(epochs(loader, 1)) == 5
+    assert loader._pool is None and not any(pooled_batches)
+
+
+LEAK = """
+import os, resource, sys
+import torch
+from ddp_utils.data.transfer import BatchPool
+slot = 2**30
+mapped = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (mapped + 3 * slot // 2, resource.RLIM_INFINITY))
+try:  # torch's empty() of the slot fits, its shared copy's mmap does not
+    BatchPool(1, slot)
+except RuntimeError as exc:
+    print("refused:", str(exc).splitlines()[0])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_shared_slot_that_cannot_be_mapped_leaves_no_file_in_dev_shm():
+    """torch sizes /dev/shm/torch_<pid>_... before it maps it and unlinks it only once mapped: under ``ulimit -v``
+    the map failed and a file as large as the slot stayed after the process exited 0 (2.76 GB, twice)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.multiproc import REPO_ROOT, launcher_env
+
+    proc = subprocess.Popen([sys.executable, "-c", LEAK], cwd=REPO_ROOT, env=launcher_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out, err = proc.communicate(timeout=100)
+    left = sorted(Path("/dev/shm").glob(f"torch_{proc.pid}_*"))
+    for path in left:  # the test's own leftover, if any
+        path.unlink()
+    assert proc.returncode == 0 and "refused: unable to mmap" in out, out + err
+    assert left == []

@@ -32,6 +32,11 @@ def test_bad_modes_and_limits_are_named(cudnn_flags):
         set_cudnn_tuning("fast")
     with pytest.raises(ValueError, match=r"--cudnn-benchmark-limit -1"):
         set_cudnn_tuning("on", limit=-1)
+    for limit in (2**31, 2**40, 10**20):  # torch would store -2**31, 0 ("all"), or fail naming no option
+        with pytest.raises(ValueError, match=rf"^--cudnn-benchmark-limit {limit}: .* at most 2147483647"):
+            set_cudnn_tuning("on", limit=limit)
+    set_cudnn_tuning("on", limit=2**31 - 1)
+    assert torch.backends.cudnn.benchmark_limit == 2**31 - 1
 
 
 def make_step(amp: str = "off", channels_last: bool = False) -> TrainStep:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -204,3 +205,56 @@ def test_heartbeat_ids_are_the_storages(tmp_path):
     storage, study = study_for(f"sqlite:///{tmp_path / 'study.db'}", "exp", 1)
     trial = claim(study, storage, "a")
     assert storage.get_trial(trial_id(trial)).number == trial.number
+
+
+def test_a_new_study_says_it_is_queuing_its_trials_and_how_far_it_got(tmp_path, caplog, monkeypatch):
+    """``--evolve 100000`` queued its rows for minutes before printing anything (now at most 10,000: the options)."""
+    import logging
+
+    from ddp_utils.evolve import store
+
+    monkeypatch.setattr(store, "QUEUE_NOTE", 4)  # the real thresholds: 100 trials, a line every 10 s
+    monkeypatch.setattr(store, "NOTE_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="ddp_utils")
+    _, study = study_for(f"sqlite:///{tmp_path / 'study.db'}", "exp", 5)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == "evolve: new study 'exp': queuing its 5 trials in the store, one row each"
+    assert said[1:] == [f"evolve: {n}/5 trials queued" for n in range(2, 6)]
+    assert len(study.trials) == 5
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_waits_for_a_creator_still_queuing_past_the_wait_and_says_so(tmp_path, caplog):
+    """10,000 slots take minutes on a slow disk: a second worker gave up after 120 s ("never set up completely")
+    while the first was still queuing. It waits as long as slots keep coming, and fails only when they stop."""
+    import logging
+    import threading
+
+    from ddp_utils.evolve.store import IDENTITY, READY
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    creator = optuna.create_study(storage=open_storage(url), study_name="exp", direction="maximize")
+    creator.set_user_attr(IDENTITY, identity(6))
+
+    def queue_slowly() -> None:  # 6 slots over 3 s, with a wait of 1 s
+        for _ in range(6):
+            creator.enqueue_trial({})
+            time.sleep(0.5)
+        creator.set_user_attr(READY, True)
+
+    thread = threading.Thread(target=queue_slowly)
+    thread.start()
+    caplog.set_level(logging.INFO, logger="ddp_utils")
+    try:
+        study = open_study(open_storage(url), "exp", identity(6), {"lr0": 0.01}, optuna.samplers.RandomSampler(),
+                           optuna.pruners.NopPruner(), wait=1.0)  # fmt: skip
+    finally:
+        thread.join()
+    assert len(study.trials) == 6
+    said = [r.getMessage() for r in caplog.records]
+    assert any(re.match(r"evolve: another worker is setting study 'exp' up \(\d/6 trials queued\): waiting", m)
+               for m in said), said  # fmt: skip
+    optuna.create_study(storage=open_storage(url), study_name="stalled").set_user_attr(IDENTITY, identity(2))
+    with pytest.raises(StoreError, match=r"^study 'stalled' .* was never set up completely"):  # nothing comes
+        open_study(open_storage(url), "stalled", identity(2), {"lr0": 0.01}, optuna.samplers.RandomSampler(),
+                   optuna.pruners.NopPruner(), wait=1.0)  # fmt: skip

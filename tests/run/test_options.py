@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
+import torch
+import yaml
 
+from ddp_utils.run import option_checks
 from ddp_utils.run import options as options_module
 from ddp_utils.run.options import OptionError, batch_image_bytes, check_options, yolov5_option_notes
 from train import parse_opt
@@ -26,6 +30,19 @@ from train import parse_opt
         (["--seed", "99999999999999999999"], "--seed 99999999999999999999: give a seed >= 0 and at most 2**63 - 1"),
         (["--epochs", "0"], "--epochs 0: train at least one epoch"),
         (["--batch-size", "0"], "--batch-size 0: give the total batch size"),
+        # torch wraps a limit past cuDNN's C int (2**31 -> negative, 2**40 -> 0: "all"), and fails past 2**64
+        (["--cudnn-benchmark-limit", "99999999999999999999"], "--cudnn-benchmark-limit 99999999999999999999: give"),
+        (["--cudnn-benchmark-limit", "2147483648"], "--cudnn-benchmark-limit 2147483648: give the algorithms to try"),
+        (["--cudnn-benchmark-limit", "-1"], "--cudnn-benchmark-limit -1: give the algorithms to try per convolution"),
+        (["--evolve-heartbeat", "inf"], "--evolve-heartbeat inf: give seconds > 0 and at most 86400"),
+        (["--evolve-heartbeat", "nan"], "--evolve-heartbeat nan: give seconds > 0"),
+        (["--evolve", "99999999999999999999"], "--evolve 99999999999999999999: give the number of trials"),
+        (["--evolve", "10001"], "--evolve 10001: give the number of trials, at least 1 and at most 10,000"),
+        (["--requeue-signal", "9"], "--requeue-signal 9: SIGKILL cannot be caught"),
+        (["--requeue-signal", "KILL"], "--requeue-signal KILL: SIGKILL cannot be caught"),
+        (["--requeue-signal", "SIGSTOP"], "--requeue-signal SIGSTOP: SIGSTOP cannot be caught"),
+        (["--requeue-signal", "19"], "--requeue-signal 19: SIGSTOP cannot be caught"),
+        (["--requeue-signal", "USR9"], "--requeue-signal='USR9' is no signal"),
     ],
 )
 def test_a_value_out_of_range_is_one_line_naming_the_option_and_the_value(args, message):
@@ -42,6 +59,64 @@ def test_a_value_out_of_range_is_one_line_naming_the_option_and_the_value(args, 
 )  # fmt: skip
 def test_the_defaults_and_sensible_values_pass(args):  # --save-period below 1 is "never", as in YOLOv5
     check_options(parse_opt(args), world_size=1)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--cudnn-benchmark-limit", "0"], ["--cudnn-benchmark-limit", "2147483647"], ["--evolve", "10000"],
+     ["--evolve-heartbeat", "86400"], ["--requeue-signal", "USR2"], ["--requeue-signal", "12"],
+     ["--requeue-signal", "none"]],
+)  # fmt: skip
+def test_the_edges_of_the_ranges_pass(args):
+    check_options(parse_opt(args), world_size=1)
+
+
+def test_an_uncatchable_requeue_signal_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("DDP_UTILS_REQUEUE_SIGNAL", "KILL")
+    with pytest.raises(OptionError, match=r"^DDP_UTILS_REQUEUE_SIGNAL=KILL: SIGKILL cannot be caught .* use USR1"):
+        check_options(parse_opt([]), world_size=1)
+
+
+def test_epochs_and_imgsz_read_as_yolov5s_defaults_and_the_data_yamls_train_defaults_still_apply(tmp_path):
+    """A YOLOv5 user's script reads ``parse_opt(True).epochs`` (100) and ``.imgsz`` (640); left at those defaults,
+    the data yaml's train_defaults still choose, and a value given on the command line wins, even 100."""
+    opt = parse_opt(True)
+    assert (opt.epochs, opt.imgsz) == (100, 640) and isinstance(opt.epochs, int) and opt.epochs * 2 == 200
+    data = tmp_path / "tiny.yaml"
+    data.write_text(f"path: {tmp_path / 'tiny'}\ntrain: images\nval: images\nnames: {{0: a}}\n"
+                    "train_defaults: {epochs: 7, imgsz: 96}\n")  # fmt: skip
+    (tmp_path / "tiny" / "images").mkdir(parents=True)
+    from ddp_utils.distributed import DistInfo
+    from ddp_utils.run.start import start_run
+
+    info = DistInfo(rank=0, world_size=1, local_rank=0, local_world_size=1)
+    left = start_run(parse_opt(["--data", str(data)]), info, torch.device("cpu"), None)
+    assert (left.epochs, left.imgsz) == (7, 96)  # the data yaml's
+    given = start_run(parse_opt(["--data", str(data), "--epochs", "100", "--imgsz", "640"]), info, "cpu", None)
+    assert (given.epochs, given.imgsz) == (100, 640) and type(given.options()["epochs"]) is int
+    assert yaml.safe_load(yaml.safe_dump(vars(parse_opt([]))))["epochs"] == 100  # opt.yaml-safe as it is
+
+
+@pytest.mark.parametrize("where", ["--hyp", "train.run(hyp=dict)", "the data yaml's train_defaults"])
+def test_a_hyp_with_anchors_is_refused_in_a_plain_run_as_under_evolve(tmp_path, where):
+    """YOLOv5 builds its model with hyp['anchors'] anchors per output and computes them with AutoAnchor; with no
+    AutoAnchor here the key was ignored without a word. ``anchors: 0`` is YOLOv5's "ignore", and passes."""
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text("lr0: 0.01\nanchors: 3\n")
+    data = tmp_path / "data.yaml"
+    data.write_text(f"path: {tmp_path}\ntrain: images\nval: images\nnames: {{0: a}}\n"
+                    f"train_defaults: {{hyp: {hyp}}}\n")  # fmt: skip
+    if where == "--hyp":
+        opt = parse_opt(["--hyp", str(hyp)])
+    elif where == "the data yaml's train_defaults":
+        opt = parse_opt(["--data", str(data)])
+    else:
+        opt = argparse.Namespace(**{**vars(parse_opt([])), "hyp": {"lr0": 0.01, "anchors": 3}})
+    with pytest.raises(OptionError, match=r"^--hyp .*anchors: 3: YOLOv5 builds its model .* no AutoAnchor") as info:
+        check_options(opt, world_size=1)
+    assert info.value.option == "--hyp"
+    hyp.write_text("lr0: 0.01\nanchors: 0\n")
+    check_options(parse_opt(["--hyp", str(hyp)]), world_size=1)
 
 
 # YOLOv5's train.py options (its parse_opt, v7.0 and master), each with a value it takes
@@ -131,10 +206,11 @@ def test_the_command_line_still_says_a_missing_data_yaml_in_one_line_and_exits_2
 
 
 def test_an_image_size_whose_batch_the_host_cannot_hold_is_refused(monkeypatch):
-    monkeypatch.setattr(options_module, "mem_available", lambda: 2 * 2**30)  # a host with 2 GiB to spare
+    room = (2 * 2**30, "the host's available memory")  # a host with 2 GiB to spare
+    monkeypatch.setattr(option_checks, "memory_room", lambda: room)
     check_options(parse_opt(["--imgsz", "640", "--device", "cpu"]), world_size=1)  # 94 MiB: fits
     with pytest.raises(
-        OptionError, match=r"^--imgsz 4096: one batch of 16 images .* needs at least 3.8 GiB .* 2.0 GiB"
+        OptionError, match=r"^--imgsz 4096: one batch of 16 images .* needs at least 3.8 GiB .* 2.0 GiB more \(the host"
     ):
         check_options(parse_opt(["--imgsz", "4096", "--device", "cpu"]), world_size=1)
     check_options(parse_opt(["--imgsz", "4096", "--batch-size", "4", "--device", "cpu"]), world_size=1)  # 0.9 GiB
