@@ -80,10 +80,10 @@ _UPRIGHT = {
 def decode_jpeg(data: bytes, path: str) -> np.ndarray | None:
     """A JPEG's BGR pixels, turned upright, as ``cv2.imread`` gives them; None when simplejpeg cannot decode it.
 
-    Decoded strictly first (libjpeg-turbo stops at nothing, but any warning fails the call); where
-    libjpeg warned, decoded again leniently, which keeps what decodes (OpenCV's pixels, libjpeg's
-    own recovery), and the file is named once by :func:`note_bad_image` with libjpeg's message. A
-    file already noted goes straight to the lenient decode. Nothing is printed on stderr.
+    Decoded strictly first: any warning libjpeg-turbo gives fails the call. Where it warned, the
+    file is decoded again leniently, which keeps what decodes (libjpeg's own recovery: OpenCV's
+    pixels), and named once by :func:`note_bad_image` with libjpeg's message. A file already
+    noted goes straight to the lenient decode. Nothing is printed on stderr.
 
     Args:
         data: the file's bytes.
@@ -111,8 +111,9 @@ def decode_jpeg(data: bytes, path: str) -> np.ndarray | None:
 # --- one line per file, for the whole job on this host's process tree -------------------------------------------
 # A file is named once per process (_NOTED) and, through a table of path hashes in memory shared with every
 # process forked from this one (the loader's workers, started anew each epoch or kept), once for the training
-# process and all its workers: the first of them to meet it says it. A table slot is one aligned 8-byte word;
-# two processes meeting the same new file at the same instant may both say it, never lose a note.
+# process and all its workers: the first of them to meet it says it. A slot is one aligned 8-byte word and there
+# is no lock: two processes meeting new files at the same instant may write one slot, and a file may then be said
+# a second time by another process; never is a file left unsaid.
 _NOTED: set[str] = set()
 _SLOTS, _PROBES = 8192, 32
 _SHARED = mmap.mmap(-1, 8 * _SLOTS)  # anonymous and shared: forked children see the parent's notes and theirs
@@ -145,7 +146,7 @@ def image_noted(path: str) -> bool:
 
 
 def note_bad_image(path: str, why: str) -> None:
-    """Say once why a file is decoded on the CPU with what it holds: one warning naming it.
+    """Say once, in one warning naming the file, why it is decoded on the CPU (with what it holds, if damaged).
 
     The same line for a damaged JPEG (``read_image``), for a JPEG the device's batched decode
     does not take (``recipes.image_source``) and for one it failed on (the device decoder):
