@@ -1,7 +1,9 @@
 """Read, decode and resize single images (the image caches: ``image_cache.py``).
 
 JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` when it is installed, everything
-else (and every file without it) by OpenCV; both give OpenCV's upright BGR pixels.
+else (and every file without it) by OpenCV; both give OpenCV's upright BGR pixels. A file
+decoded with what it holds (damaged), or on the CPU where the device would have decoded it,
+is named once in the log by :func:`note_bad_image`, never by libjpeg's raw text on stderr.
 
 The image caches (``SharedImageCache``, ``DiskImageCache``, ``normalize_cache``) live in
 :mod:`ddp_utils.data.image_cache`, which reads through this module.
@@ -9,8 +11,10 @@ The image caches (``SharedImageCache``, ``DiskImageCache``, ``normalize_cache``)
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+import mmap
 from pathlib import Path
 
 import cv2
@@ -21,6 +25,7 @@ try:
 except ImportError:  # optional: OpenCV decodes everything without it
     simplejpeg = None
 
+from ..log import LOGGER
 from .headers import jpeg_header
 
 
@@ -29,7 +34,10 @@ def read_image(path: str | Path) -> np.ndarray:
 
     JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` when it is installed: the
     same pixels as ``cv2.imread``, in about 0.83-0.87 of its time (``benchmarks/readme_figures.py``).
-    Anything it does not take (other formats, a damaged JPEG) goes to OpenCV, as do all files without it.
+    A damaged JPEG (libjpeg's "Corrupt JPEG data", a cut-off file) decodes as far as it goes, the
+    same pixels as ``cv2.imread`` gives, and :func:`note_bad_image` names the file once in the log
+    where OpenCV printed libjpeg's own text at every decode. Anything simplejpeg does not take
+    (other formats, a JPEG it cannot decode at all) goes to OpenCV, as do all files without it.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -45,7 +53,7 @@ def read_image(path: str | Path) -> np.ndarray:
         except FileNotFoundError:
             raise FileNotFoundError(f"image not found: {path}") from None
         if data:
-            img = _decode_jpeg(data)
+            img = decode_jpeg(data, str(path))
             if img is not None:
                 return img
     # imread, not imdecode of the bytes: imread keeps what it can of a cut-off JPEG, imdecode gives up
@@ -69,15 +77,93 @@ _UPRIGHT = {
 }
 
 
-def _decode_jpeg(data: bytes) -> np.ndarray | None:
-    """A JPEG's BGR pixels, turned upright; None when simplejpeg cannot decode it."""
-    try:
-        img = simplejpeg.decode_jpeg(data, colorspace="BGR")
-    except ValueError:  # damaged, or a kind libjpeg-turbo's simple API does not take
+def decode_jpeg(data: bytes, path: str) -> np.ndarray | None:
+    """A JPEG's BGR pixels, turned upright, as ``cv2.imread`` gives them; None when simplejpeg cannot decode it.
+
+    Decoded strictly first: any warning libjpeg-turbo gives fails the call. Where it warned, the
+    file is decoded again leniently, which keeps what decodes (libjpeg's own recovery: OpenCV's
+    pixels), and named once by :func:`note_bad_image` with libjpeg's message. A file already
+    noted goes straight to the lenient decode. Nothing is printed on stderr.
+
+    Args:
+        data: the file's bytes.
+        path: the file, for the log.
+
+    Returns:
+        BGR ``uint8`` [h, w, 3], or None (no simplejpeg, a kind it does not take, data it cannot
+        decode at all): the caller decodes with OpenCV.
+    """
+    if simplejpeg is None:
         return None
+    try:
+        img = simplejpeg.decode_jpeg(data, colorspace="BGR", strict=not image_noted(path))
+    except ValueError as exc:
+        try:
+            img = simplejpeg.decode_jpeg(data, colorspace="BGR", strict=False)
+        except ValueError:  # not a warning: a kind libjpeg-turbo's simple API does not take, or beyond repair
+            return None
+        note_bad_image(path, f"damaged JPEG data (libjpeg: {exc})")
     header = jpeg_header(io.BytesIO(data))
     turn = _UPRIGHT.get(header[2]) if header is not None else None
     return turn(img) if turn is not None else img
+
+
+# --- one line per file, for the whole job on this host's process tree -------------------------------------------
+# A file is named once per process (_NOTED) and, through a table of path hashes in memory shared with every
+# process forked from this one (the loader's workers, started anew each epoch or kept), once for the training
+# process and all its workers: the first of them to meet it says it. A slot is one aligned 8-byte word and there
+# is no lock: two processes meeting new files at the same instant may write one slot, and a file may then be said
+# a second time by another process; never is a file left unsaid.
+_NOTED: set[str] = set()
+_SLOTS, _PROBES = 8192, 32
+_SHARED = mmap.mmap(-1, 8 * _SLOTS)  # anonymous and shared: forked children see the parent's notes and theirs
+_TABLE = np.frombuffer(_SHARED, np.uint64)
+
+
+def _path_key(path: str) -> int:
+    digest = hashlib.blake2b(path.encode(errors="surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1  # 0 marks an empty slot
+
+
+def _shared_note(path: str, add: bool) -> bool:
+    """Whether ``path`` is in the shared table (after adding it when ``add``); a full neighbourhood answers False."""
+    key = _path_key(path)
+    for probe in range(_PROBES):
+        slot = (key + probe) % _SLOTS
+        held = int(_TABLE[slot])
+        if held == key:
+            return True
+        if held == 0:
+            if add:
+                _TABLE[slot] = key
+            return False
+    return False
+
+
+def image_noted(path: str) -> bool:
+    """Whether :func:`note_bad_image` named ``path`` in this process or any process of its forked family."""
+    return path in _NOTED or _shared_note(path, add=False)
+
+
+def note_bad_image(path: str, why: str) -> None:
+    """Say once, in one warning naming the file, why it is decoded on the CPU (with what it holds, if damaged).
+
+    The same line for a damaged JPEG (``read_image``), for a JPEG the device's batched decode
+    does not take (``recipes.image_source``) and for one it failed on (the device decoder):
+    ``"{path}: {why}; the CPU decoder's pixels are used"``. Idempotent per path: at most once per
+    process, and once for a training process and the loader workers forked from it (they share a
+    table of noted paths). :func:`image_noted` then answers True for the path.
+
+    Args:
+        path: the image file.
+        why: what is wrong or unusual with it, e.g. ``"a progressive JPEG"``.
+    """
+    path = str(path)
+    if path in _NOTED:
+        return
+    _NOTED.add(path)
+    if not _shared_note(path, add=True):
+        LOGGER.warning(f"{path}: {why}; the CPU decoder's pixels are used")
 
 
 def resized_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:

@@ -30,8 +30,8 @@ from ..hyp import hyp_value
 from ..seed import derive_seed
 from .augment import letterbox_geometry
 from .geometry import lands_in, mosaic_labels, mosaic_layout, perspective_labels, perspective_matrix, tile_placement
-from .headers import jpeg_header
-from .images import load_image, resized_shape
+from .headers import batch_decode_unfit, jpeg_frame
+from .images import image_noted, load_image, note_bad_image, resized_shape
 
 _Dataset = Any  # a YoloDataset: dataset.py imports this module, not the other way round
 
@@ -259,24 +259,33 @@ def _letterboxed(dataset: _Dataset, index: int, batch: int, rng: np.random.Gener
 def image_source(dataset: _Dataset, i: int) -> bytes | np.ndarray:
     """What the training process renders image ``i`` from: its JPEG bytes, or its tile's BGR pixels.
 
-    The bytes of a JPEG whose header gives the size the label scan found and no EXIF rotation;
-    otherwise the tile as the CPU path makes it (``dataset.load_image``: the cache, or OpenCV's
-    decoder with its messages for a file it cannot read).
+    The bytes of a JPEG that a batched hardware decode takes (8-bit, baseline or extended
+    sequential, three YCbCr components: :func:`~ddp_utils.data.headers.batch_decode_unfit`),
+    whose header gives the size the label scan found and no EXIF rotation, and that no process of
+    this job has noted as damaged or undecodable on the device
+    (:func:`~ddp_utils.data.images.image_noted`). Otherwise the tile as the CPU path makes it
+    (``dataset.load_image``: the cache, or the CPU decoder with its messages for a file it cannot
+    read); a progressive, grey, CMYK or otherwise unfit JPEG is named once in the log with why
+    (:func:`~ddp_utils.data.images.note_bad_image`): it costs one decode here and never reaches
+    the device's batched decode.
 
     Args:
         dataset: the YoloDataset.
         i: an image index.
     """
-    if dataset.cache is None:
+    path = dataset.im_files[i]
+    if dataset.cache is None and not image_noted(path):
         try:
-            with open(dataset.im_files[i], "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read()
         except OSError:
             data = b""  # load_image says what is wrong with the file
-        if data[:2] == b"\xff\xd8":
-            header = jpeg_header(io.BytesIO(data))
-            if header is not None and header[2] == 1 and tuple(header[:2]) == tuple(int(v) for v in dataset.shapes[i]):
+        frame = jpeg_frame(io.BytesIO(data)) if data[:2] == b"\xff\xd8" else None
+        if frame is not None and frame.orientation == 1 and (frame.width, frame.height) == tuple(dataset.shapes[i]):
+            unfit = batch_decode_unfit(frame)
+            if unfit is None:
                 return data
+            note_bad_image(path, f"{unfit}, which the device's batched decode does not take")
     return np.ascontiguousarray(dataset.load_image(i)[0])
 
 

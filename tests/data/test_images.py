@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import subprocess
@@ -17,6 +18,7 @@ import torch
 from ddp_utils.data import image_cache, images
 from ddp_utils.data.image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from ddp_utils.data.images import load_image, resized_shape
+from tests.data.test_headers import EXTRANEOUS, write_jpeg_kinds
 from tests.multiproc import REPO_ROOT, describe, launch, records
 
 
@@ -94,11 +96,92 @@ def test_read_image_matches_opencv_on_other_jpegs(tmp_path, save):
 
 def test_damaged_jpeg_goes_to_opencv(tmp_path):
     path = _jpeg(tmp_path / "a.jpg")
-    path.write_bytes(path.read_bytes()[:-300])  # cut off: simplejpeg refuses it, OpenCV fills in the rest
+    path.write_bytes(path.read_bytes()[:-300])  # cut off: simplejpeg's lenient decode keeps OpenCV's pixels
     expected = cv2.imread(str(path), cv2.IMREAD_COLOR)
     np.testing.assert_array_equal(images.read_image(path), expected)
     with pytest.raises(FileNotFoundError, match="missing.jpg"):
         images.read_image(tmp_path / "missing.jpg")
+
+
+@pytest.mark.parametrize(
+    ("kind", "libjpeg"), [("overwritten", EXTRANEOUS), ("truncated", "Premature end of JPEG file")]
+)
+def test_a_damaged_jpeg_is_named_once_with_opencvs_pixels_and_nothing_raw(tmp_path, capfd, said, kind, libjpeg):
+    path = write_jpeg_kinds(tmp_path)[kind]
+    expected = cv2.imread(str(path), cv2.IMREAD_COLOR)  # today's pixels (OpenCV prints libjpeg's text here)
+    capfd.readouterr()
+    for _ in range(3):
+        np.testing.assert_array_equal(images.read_image(path), expected)
+    tile = load_image(path, 32, augment=True)[0]
+    np.testing.assert_array_equal(tile, cv2.resize(expected, (32, 24), interpolation=cv2.INTER_LINEAR))
+    assert "JPEG" not in capfd.readouterr().err  # libjpeg's own text never reaches stderr
+    lines = [line for line in said if str(path) in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{path}: damaged JPEG data (libjpeg: "), lines
+    assert libjpeg in lines[0] and lines[0].endswith("; the CPU decoder's pixels are used")
+    assert images.image_noted(str(path))
+
+
+@pytest.mark.parametrize("kind", ["progressive", "grey", "cmyk", "rgb_coded", "rotated"])
+def test_sound_jpegs_of_every_kind_decode_silently_as_opencv_does(tmp_path, capfd, said, kind):
+    path = write_jpeg_kinds(tmp_path)[kind]
+    expected = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(images.read_image(path), expected)
+    assert capfd.readouterr().err == "" and not said and not images.image_noted(str(path))
+
+
+class _Lines(logging.Handler):
+    """The ddp_utils logger's warnings, one string each (caplog may see a record twice)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def said():
+    handler = _Lines()
+    images.LOGGER.addHandler(handler)
+    yield handler.lines
+    images.LOGGER.removeHandler(handler)
+
+
+def _notes_in_child(before_fork: str, after_fork: str, new: str, parent_noted, results) -> None:
+    handler = _Lines()
+    images.LOGGER.addHandler(handler)
+    images.note_bad_image(new, "first met here")
+    images.note_bad_image(new, "met again")
+    parent_noted.wait(30)
+    images.note_bad_image(before_fork, "said by the parent before the fork")
+    images.note_bad_image(after_fork, "said by the parent since")
+    results.put((images.image_noted(before_fork), images.image_noted(after_fork), handler.lines))
+
+
+@pytest.mark.timeout(60)
+def test_note_bad_image_says_it_once_for_a_process_and_its_forked_workers(tmp_path, said):
+    import multiprocessing
+
+    before, after, new = (str(tmp_path / f"{name}.jpg") for name in ("before", "after", "new"))
+    images.note_bad_image(before, "a progressive JPEG")
+    images.note_bad_image(before, "a progressive JPEG")
+    context = multiprocessing.get_context("fork")
+    results, parent_noted = context.Queue(), context.Event()
+    child = context.Process(target=_notes_in_child, args=(before, after, new, parent_noted, results))
+    child.start()  # a loader worker: forked before the training process meets ``after``
+    images.note_bad_image(after, "the device could not decode it")
+    parent_noted.set()
+    knew_before, knew_after, said_in_child = results.get(timeout=30)
+    child.join(30)
+    assert child.exitcode == 0 and knew_before and knew_after
+    assert said_in_child == [f"{new}: first met here; the CPU decoder's pixels are used"]  # once, in the worker
+    assert images.image_noted(new)  # the worker's note reached the parent
+    images.note_bad_image(new, "met in the parent later")
+    assert said == [
+        f"{before}: a progressive JPEG; the CPU decoder's pixels are used",
+        f"{after}: the device could not decode it; the CPU decoder's pixels are used",
+    ]
 
 
 def test_normalize_cache_rejects_unknown_modes():
@@ -266,3 +349,50 @@ def test_buffers_of_dead_jobs_are_removed(tmp_path, monkeypatch):
     cache = SharedImageCache.build(files, shapes_of(files, 32), 32)
     assert cache is not None and Path(cache.path).parent == shm
     assert not orphan.exists() and alive.exists()
+
+
+_LOADER_RUN = """
+import sys
+from ddp_utils.data.loader import create_dataloader
+from tests.workers.data_scenarios import HYP
+
+images = sys.argv[1]
+for augment_on, augment in (("workers", False), ("device", True)):  # letterboxed: every image every epoch
+    loader, _ = create_dataloader(images, 64, 2, 32, hyp=dict(HYP, mosaic=0.0), augment=augment, workers=2,
+                                  shuffle=augment, augment_on=augment_on)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_training_loader_names_each_odd_jpeg_once_and_prints_no_libjpeg_text(tmp_path):
+    # both paths, 2 workers, 3 epochs: the damaged JPEG decoded in the workers is named once (libjpeg printed its
+    # text at every decode), the cut-off one once by the label scan, and each JPEG the device's batched decode does
+    # not take once, by the device path's planning workers; stderr holds nothing else about them
+    images_dir = tmp_path / "images" / "train"
+    kinds = write_jpeg_kinds(images_dir)
+    for i in range(4):
+        (images_dir / f"plain{i}.jpg").write_bytes(kinds["baseline"].read_bytes())
+    run = subprocess.run(
+        [sys.executable, "-c", _LOADER_RUN, str(images_dir)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=150
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    assert not [line for line in lines if "JPEG" in line and not line.startswith(str(images_dir))], run.stderr
+    for kind, why in {
+        "overwritten": "damaged JPEG data (libjpeg: Corrupt JPEG data: ",
+        "truncated": "corrupt image, skipped",
+        "progressive": "a progressive JPEG, which the device's batched decode does not take",
+        "grey": "a greyscale JPEG, which",
+        "cmyk": "a CMYK (4-component) JPEG, which",
+        "rgb_coded": "an RGB-coded (not YCbCr) JPEG, which",
+    }.items():
+        named = [line for line in lines if line.startswith(f"{kinds[kind]}: ")]
+        assert len(named) == 1 and why in named[0], (kind, run.stderr)
+        assert kind != "overwritten" or EXTRANEOUS in named[0]
+    for kind in ("baseline", "rotated"):
+        assert not [line for line in lines if line.startswith(f"{kinds[kind]}: ")], run.stderr

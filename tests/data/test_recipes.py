@@ -10,16 +10,21 @@ CPU path's pixels.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
 
 from ddp_utils.data.dataset import SampleKey, YoloDataset
+from ddp_utils.data.images import note_bad_image
 from ddp_utils.data.labels import find_images, load_labels
 from ddp_utils.data.recipes import Recipe, RecipeBatch, RecipeCollate, image_source, plan_sample
 from ddp_utils.data.synthetic import make_shapes_dataset
+from ddp_utils.log import LOGGER
+from tests.data.test_headers import write_jpeg_kinds
 from tests.workers.data_scenarios import AUGMENT_HYPS, HYP
 
 HYPS = AUGMENT_HYPS
@@ -97,3 +102,55 @@ def test_other_formats_rotated_jpegs_and_cached_images_travel_as_the_cpu_paths_p
             np.testing.assert_array_equal(source, dataset.load_image(i)[0])
     cached = YoloDataset(label_set, 64, 4, augment=True, hyp=HYP, cache="ram")
     np.testing.assert_array_equal(image_source(cached, 3), cached.load_image(3)[0])
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def said():
+    handler = _Lines()
+    LOGGER.addHandler(handler)
+    yield handler.lines
+    LOGGER.removeHandler(handler)
+
+
+def test_jpegs_a_batched_device_decode_does_not_take_travel_as_pixels_named_once(tmp_path, capfd, said):
+    kinds = write_jpeg_kinds(tmp_path)
+    files = [str(kinds[k]) for k in ("baseline", "progressive", "grey", "cmyk", "rgb_coded", "overwritten")]
+    dataset = YoloDataset(load_labels(files), 64, 4, augment=True, hyp=HYP)
+    capfd.readouterr()
+    for _ in range(3):  # as three epochs' batches would ask
+        for i, path in enumerate(dataset.im_files):
+            source = image_source(dataset, i)
+            kind = Path(path).stem
+            if kind in ("baseline", "overwritten"):  # the header is all a worker reads: damage shows at the decode
+                assert source == Path(path).read_bytes(), kind
+            else:  # decoded here by the CPU path, as the workers path would
+                np.testing.assert_array_equal(source, dataset.load_image(i)[0])
+    assert "JPEG" not in capfd.readouterr().err
+    unfit = {"progressive": "a progressive JPEG", "grey": "a greyscale JPEG", "cmyk": "a CMYK (4-component) JPEG"}
+    unfit["rgb_coded"] = "an RGB-coded (not YCbCr) JPEG"
+    assert sorted(said) == sorted(
+        f"{kinds[k]}: {why}, which the device's batched decode does not take; the CPU decoder's pixels are used"
+        for k, why in unfit.items()
+    )
+
+
+def test_a_jpeg_noted_bad_on_the_device_travels_as_pixels_after(tmp_path, said):
+    kinds = write_jpeg_kinds(tmp_path)
+    dataset = YoloDataset(load_labels([str(kinds["overwritten"]), str(kinds["baseline"])]), 64, 4, augment=True)
+    damaged = dataset.im_files.index(str(kinds["overwritten"]))
+    assert isinstance(image_source(dataset, damaged), bytes)
+    note_bad_image(str(kinds["overwritten"]), "the device could not decode it")  # as the device decoder says it
+    tile = image_source(dataset, damaged)
+    expected = cv2.imread(str(kinds["overwritten"]), cv2.IMREAD_COLOR)  # today's pixels
+    np.testing.assert_array_equal(tile, cv2.resize(expected, (64, 48), interpolation=cv2.INTER_LINEAR))
+    assert isinstance(image_source(dataset, 1 - damaged), bytes)
+    assert said == [f"{kinds['overwritten']}: the device could not decode it; the CPU decoder's pixels are used"]
