@@ -163,6 +163,9 @@ def test_goals_print_each_figure_beside_its_goal_pass_fail_or_not_measured():
     assert verdicts["corrupted sums, decode-order reproduction, our decoder"] == (0, "pass")
     assert verdicts["positive control: the same through torchvision's raw call"] == (134, "pass")
     assert verdicts["train.py rows whose 'images made on' line is the expected one"] == (0.5, "fail")
+    assert verdicts["CUDA tests failed (python -m pytest -m cuda)"] == (None, "not measured")
+    rows["cuda_tests"] = dict(counts=dict(passed=12, failed=1), failed_tests=["tests/engine/test_cuda.py::test_x"])
+    assert [g["verdict"] for g in report.goals(rows, images=2000) if g["name"].startswith("CUDA")] == ["fail"]
     table = report.goals_table(report.goals(rows, images=2000))
     assert "| steady img/s at 8 workers (ours, default) | 1,600.00 | >= 1,400 | pass |" in table
     assert "| data wait, steady epochs (ours, default) | 8.0 % | <= 5 % | fail |" in table

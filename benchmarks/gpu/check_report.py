@@ -103,6 +103,13 @@ def _made_on_ok(rows: dict[str, dict], images: int) -> float | None:
     return sum(not str(got.get("failed", "")).startswith("expected") for got in ran) / len(ran) if ran else None
 
 
+def _tests_failed(rows: dict[str, dict], images: int) -> int | None:
+    """The CUDA tests that failed or erred, once they ran (on the CPU they are only collected: None)."""
+    counts = _figure(rows, "cuda_tests", "counts") or {}
+    ran = any(key in counts for key in ("passed", "failed", "error", "errors"))
+    return sum(counts.get(key, 0) for key in ("failed", "error", "errors")) if ran else None
+
+
 GOALS = [
     Goal("steady img/s at 8 workers (ours, default)", ">= 1,400",
          lambda r, n: _ratio(n, _figure(r, "ours", "steady_epoch_s")), lambda v: v >= 1400),
@@ -121,6 +128,7 @@ GOALS = [
     Goal("positive control: the same through torchvision's raw call", "> 0",
          lambda r, n: _decoded(r, "torchvision"), lambda v: v > 0),
     Goal("train.py rows whose 'images made on' line is the expected one", "all", _made_on_ok, lambda v: v == 1, "%"),
+    Goal("CUDA tests failed (python -m pytest -m cuda)", "0", _tests_failed, lambda v: v == 0),
 ]  # fmt: skip
 
 

@@ -316,7 +316,7 @@ def cuda_tests(ctx: Context, timeout: float) -> dict:
     scanned = cuda_marks.scan(REPO / "tests")
     marked = sum(test.marked for test in scanned)
     unmarked = [str(test) for test in cuda_marks.unmarked(scanned)]
-    return dict(counts=counts, failed=failed[:20], skipped=skipped[:20], marked=marked, unmarked=unmarked)
+    return dict(counts=counts, failed_tests=failed[:20], skipped_tests=skipped[:20], marked=marked, unmarked=unmarked)
 
 
 def _now() -> float:
