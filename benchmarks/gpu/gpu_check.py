@@ -73,17 +73,17 @@ def _train_row(key: str, extra: list[str]) -> PartRun:
 # the priority order of issue 46; each budget bounds its part, and they add up to at most the call's time
 PARTS = [
     Part("data", "data: the synthetic images", 20, check_runs.data),
-    Part("ours", "ours: default (images made on the device, cuDNN heuristics)", 75, _train_row("ours", [])),
-    Part("yolov5", "YOLOv5 v7.0 train.py", 70, check_runs.yolov5),
-    Part("loader", "the loader alone (device path, DevicePrefetcher)", 40, check_runs.loader),
+    Part("ours", "ours: default (images made on the device, cuDNN heuristics)", 65, _train_row("ours", [])),
+    Part("yolov5", "YOLOv5 v7.0 train.py", 60, check_runs.yolov5),
+    Part("loader", "the loader alone (device path, DevicePrefetcher)", 30, check_runs.loader),
     Part("decode_order", "decode-order reproduction", 25, check_runs.decode_order),
     Part("memory", "memory: the default row's per-epoch mem", 1, check_runs.memory),
-    Part("default_job", "the default job: python train.py --device 0", 60, check_runs.default_job),
-    Part("cudnn_on", "ours: cuDNN autotuned (--cudnn-benchmark on)", 55,
+    Part("default_job", "the default job: python train.py --device 0", 85, check_runs.default_job),
+    Part("cudnn_on", "ours: cuDNN autotuned (--cudnn-benchmark on)", 65,
          _train_row("cudnn_on", ["--cudnn-benchmark", "on"])),
-    Part("workers", "ours: images made on the loader workers (--augment-on workers)", 55,
+    Part("workers", "ours: images made on the loader workers (--augment-on workers)", 50,
          _train_row("workers", ["--augment-on", "workers"])),
-    Part("cuda_tests", "the CUDA tests: python -m pytest -m cuda", 50, check_runs.cuda_tests),
+    Part("cuda_tests", "the CUDA tests: python -m pytest -m cuda", 54, check_runs.cuda_tests),
 ]  # fmt: skip
 FULL = dict(cfg="yolov5s.yaml", imgsz=640, batch=64, workers=8, epochs=4, images=2000, device="0")
 SMOKE = dict(cfg="yolov5n.yaml", imgsz=64, batch=4, workers=0, epochs=4, images=8, device="cpu")
