@@ -62,6 +62,7 @@ def test_select_missing_mps():
         du.select_device("mps")
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_batch_size_must_divide_by_gpus():
     with pytest.raises(ValueError, match="does not divide"):

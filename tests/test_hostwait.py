@@ -102,6 +102,7 @@ def test_what_it_cannot_see_on_the_cpu(name):
     assert counter.waits == []
 
 
+@pytest.mark.cuda
 def test_cuda_synchronize_is_not_seen():
     """torch.cuda.synchronize (and Event/Stream synchronize) dispatch no aten op: the counter records nothing.
 

@@ -277,6 +277,7 @@ def test_gather_rows_single_process():
     assert gather_rows([{"op": "x"}, {"op": "y"}]) == [{"rank": -1, "op": "x"}, {"rank": -1, "op": "y"}]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_profile_cpu_and_gpu_in_one_table():
     rows = profile(torch.rand(4, 64), nn.Sequential(nn.Linear(64, 256), nn.ReLU()), n=3, device="cpu,0")

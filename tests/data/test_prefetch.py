@@ -62,6 +62,7 @@ def test_float_images_and_short_batches_pass_through():
     assert list(DevicePrefetcher([], "cpu")) == []
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_prefetcher_gives_the_plain_path_values(loader):
     cuda = torch.device("cuda", torch.cuda.current_device())
@@ -75,6 +76,7 @@ def test_cuda_prefetcher_gives_the_plain_path_values(loader):
     assert_same_batches(got, expected)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_prefetcher_reserves_no_more_memory_epoch_after_epoch():
     # a new side stream per epoch left each epoch's batch-sized blocks cached for a stream nobody used again:

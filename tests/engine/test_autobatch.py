@@ -55,6 +55,7 @@ def test_cpu_model_gets_the_default_and_a_message(caplog):
     assert "AutoBatch: no CUDA device to measure on (cpu); using the default batch size 12" in caplog.text
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_measures_and_answers_a_usable_batch():
     from ddp_utils.yolo import Model, load_model_yaml

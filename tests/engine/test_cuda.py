@@ -9,7 +9,7 @@ from torch import nn
 from ddp_utils.engine import ModelEMA, smart_optimizer
 from ddp_utils.run import build_checkpoint, load_checkpoint, save_checkpoint
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def test_ema_and_checkpoint_of_a_cuda_model(tmp_path):

@@ -138,6 +138,7 @@ def test_bare_model_unwraps_ddp_and_compile_in_either_order():
     assert bare_model(Wrapper(Wrapper(net, "_orig_mod"), "module")) is net and bare_model(net) is net
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_warm_up_tunes_beside_the_caller_and_touches_nothing(cudnn_flags):
     set_cudnn_tuning("warm")

@@ -142,6 +142,7 @@ def copy_as_half(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model).half()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_update_never_waits_for_the_device():
     model = model_with_bn().cuda()

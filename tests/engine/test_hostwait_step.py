@@ -62,6 +62,7 @@ def test_gpu_form_epoch_under_ddp_takes_no_sync_between_steps_and_never_waits():
         assert record["no_sync"] == ACCUMULATING and record["reduced"] == OPTIMIZER_STEPS, record
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: on the CPU the counter above stands in")
 @pytest.mark.timeout(300)
 def test_cuda_epoch_runs_whole_under_sync_debug_mode_error():

@@ -169,6 +169,7 @@ def test_one_cycle_in_a_lambda_lr_saves_and_restores():
     assert fresh.lr_lambdas[0](5) == pytest.approx(one_cycle(1, 0.01, 10)(5))
 
 
+@pytest.mark.cuda
 def test_fused_is_automatic_on_cuda_only_and_can_be_asked_for():
     net = Net()
     assert all(not g["fused"] for g in smart_optimizer(net, "SGD").param_groups)  # CPU parameters

@@ -163,6 +163,7 @@ def test_half_validation_on_the_cpu_is_the_fp32_one_bit_for_bit():
     assert full == half and full.classes == half.classes and torch.equal(full_loss, half_loss)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_half_validation_computes_in_fp16_and_scores_as_fp32():
     images = make_images(6, jitter=4.0, misses=True)

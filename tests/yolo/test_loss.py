@@ -277,6 +277,7 @@ def test_autobalance_keeps_weights_relative_to_stride_16_on_the_device():
     assert float(compute_loss.balance[0]) > float(compute_loss.balance[2])
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_loss_never_waits_for_the_device_and_matches_the_reference():
     model = tiny_model(nc=4).cuda()
