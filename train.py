@@ -138,7 +138,11 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int, device: torch.device) ->
     opt, batch = run.opt, run.batch_size // info.world_size
     common = dict(single_cls=opt.single_cls, hyp=run.hyp, cache=opt.cache, rank=info.local_rank, workers=opt.workers)
     train_options = dict(rect=opt.rect, image_weights=opt.image_weights, quad=opt.quad, shuffle=True, seed=opt.seed)
-    train_options["augment_on"] = du.data.augment_place(opt.augment_on, device, opt.quad, opt.cache)  # CUDA: there
+    place, line = du.data.augment_choice(opt.augment_on, device, opt.quad, opt.cache)  # CUDA: the device
+    du.LOGGER.info(f"train: {line}")
+    if place == "device":  # its kernels compiled in the background, off the first step's path
+        du.data.renderer_for(device).warm_up(channels_last=run.channels_last)
+    train_options["augment_on"] = place
     train_loader, dataset = du.create_dataloader(
         run.data["train"], run.imgsz, batch, gs, augment=True, prefix="train: ", **train_options, **common
     )

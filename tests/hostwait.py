@@ -21,6 +21,9 @@ What the dispatcher shows on the CPU, and therefore what is counted:
   they copy to the host). This over-counts reads of tensors that really live on the host (none in
   a training step's steady state, which is why they count). ``non_blocking=True`` copies are not waits.
 
+It counts the thread that entered it, as a dispatch mode does: the reads above are recorded on that thread
+only (a loader thread's reads of its own host data are not the training thread's waits).
+
 What it cannot see (tests/test_hostwait.py shows each; the GPU test under
 ``torch.cuda.set_sync_debug_mode("error")`` in tests/engine/test_hostwait_step.py covers them on a GPU host):
 
@@ -46,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -171,6 +175,7 @@ class HostWaitCounter(TorchDispatchMode):
     def __post_init__(self) -> None:
         super().__init__()
         self._saved: dict[str, object] = {}
+        self._thread = threading.get_ident()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -183,6 +188,7 @@ class HostWaitCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def __enter__(self) -> HostWaitCounter:
+        self._thread = threading.get_ident()  # a dispatch mode sees its own thread's ops: the reads too
         for name in _HOST_READS:
             original = self._saved[name] = getattr(torch.Tensor, name)
             setattr(torch.Tensor, name, self._recording(name, original))
@@ -201,7 +207,7 @@ class HostWaitCounter(TorchDispatchMode):
         op = "Tensor.to(cpu)" if name == "to" else f"Tensor.{name}()"
 
         def read(tensor: torch.Tensor, *args, **kwargs):
-            if when is None or when(args, kwargs):
+            if threading.get_ident() == counter._thread and (when is None or when(args, kwargs)):
                 counter.waits.append(_wait(op))
             return original(tensor, *args, **kwargs)
 

@@ -13,7 +13,9 @@ What lives where:
   ``geometry.py``: their numbers (the random transform, where tiles and boxes land), without pixels.
 - ``mosaic_batch.py``: a training batch's mosaics made together (the same samples as one by one, faster).
 - ``recipes.py``: a training sample as its draws and labels without pixels (``--augment-on device``);
-  ``device_augment.py``: a batch of recipes rendered on the training device (nvJPEG decode, warps, colours).
+  ``device_augment.py``: a batch of recipes rendered on the training device: ``decode.py`` (JPEGs decoded in
+  batches, guarded), ``render_plan.py`` (the batch's tables, made on the host), ``render_kernels.py`` (the
+  resize and the render, each one compiled kernel), ``render_reference.py`` (the same said slowly: the oracle).
 - ``dataset.py``: :class:`YoloDataset` (with YOLOv5's attribute names), rect batch shapes, collate functions.
 - ``class_weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).
 - ``samplers.py``: train, weighted-train and exactly-once eval samplers, one guarantee per class.
@@ -22,7 +24,7 @@ What lives where:
 - ``transfer.py``: batches back from the workers through reused shared-memory slots.
 - ``loader.py``: :func:`create_dataloader`, :func:`create_val_dataloader` and :class:`EpochLoader`,
   whose workers stay across epochs.
-- ``prefetch.py``: :class:`DevicePrefetcher`, the next batch copied to the GPU on a side stream.
+- ``prefetch.py``: :class:`DevicePrefetcher`, the next batches made ready on the device by a loader thread.
 - ``synthetic.py``: an offline synthetic detection dataset (the default data).
 
 The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
@@ -35,7 +37,7 @@ from .augment import letterbox
 from .class_weights import class_frequency, epoch_image_weights, labels_to_class_weights, labels_to_image_weights
 from .config import check_dataset, datasets_dir
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
-from .device_augment import augment_place, render_batch
+from .device_augment import augment_choice, augment_place, render_batch, renderer_for
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
 from .loader import EpochLoader, create_dataloader, create_val_dataloader
@@ -55,6 +57,7 @@ __all__ = [
     "TrainSampler",
     "WeightedTrainSampler",
     "YoloDataset",
+    "augment_choice",
     "augment_place",
     "check_dataset",
     "create_dataloader",
@@ -77,5 +80,6 @@ __all__ = [
     "make_shapes_dataset",
     "rect_batch_shapes",
     "render_batch",
+    "renderer_for",
     "to_device_batch",
 ]

@@ -1,9 +1,10 @@
 """JPEGs decoded in batches on the training device, in an order that cannot corrupt memory.
 
-:func:`jpeg_decoder` picks the decoder once per device: TorchCodec's ``decode_jpeg`` (nvJPEG's
-batched decode on CUDA, libjpeg-turbo on the CPU), or, where the installed TorchCodec lacks it
-(an older torch on a GPU host), torchvision's, which torchvision 0.29 deprecates; ``name`` says which,
-for the log.
+:func:`jpeg_decoder` picks the decoder once per device: on CUDA, TorchCodec's ``decode_jpeg`` (nvJPEG's
+batched decode), or, where the installed TorchCodec lacks it (an older torch on a GPU host),
+torchvision's, which torchvision 0.29 deprecates; on the CPU, the CPU path's own decoder
+(libjpeg-turbo through simplejpeg, :func:`~ddp_utils.data.images.decode_jpeg`: the workers' pixels,
+a damaged file named once and no raw libjpeg text), then the same two. ``name`` says which, for the log.
 
 The guard (:class:`JpegDecoder`). nvJPEG's hardware decoder may write its outputs before the work
 already queued on the stream it is given has run, and torchvision's wrapper submits to a stream of
@@ -32,7 +33,27 @@ import cv2
 import numpy as np
 import torch
 
-Backend = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
+from .images import decode_jpeg as decode_on_cpu
+
+Backend = Callable[[list[torch.Tensor], torch.device, list[str]], list[torch.Tensor | None]]
+
+
+def _simplejpeg_backend() -> tuple[Backend, str] | None:
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+
+    def decode(datas: list[torch.Tensor], device: torch.device, paths: list[str]) -> list[torch.Tensor | None]:
+        if device.type != "cpu":
+            raise RuntimeError("simplejpeg decodes on the CPU only")
+        images = []
+        for data, path in zip(datas, paths):
+            bgr = decode_on_cpu(bytes(data.numpy()), path)
+            images.append(None if bgr is None else torch.from_numpy(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)).permute(2, 0, 1))
+        return images
+
+    return decode, f"simplejpeg {simplejpeg.__version__}"
 
 
 def _torchcodec_backend() -> tuple[Backend, str] | None:
@@ -42,7 +63,7 @@ def _torchcodec_backend() -> tuple[Backend, str] | None:
     except Exception:  # not installed, or built for another torch: its libraries do not load
         return None
 
-    def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    def decode(datas: list[torch.Tensor], device: torch.device, paths: list[str]) -> list[torch.Tensor]:
         return list(decode_jpeg(datas, mode="RGB", device=device))
 
     return decode, f"TorchCodec {torchcodec.__version__.split('+')[0]}"
@@ -55,7 +76,7 @@ def _torchvision_backend() -> tuple[Backend, str] | None:
     except Exception:
         return None
 
-    def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    def decode(datas: list[torch.Tensor], device: torch.device, paths: list[str]) -> list[torch.Tensor]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its deprecation notice: the log line names the decoder once
             return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))
@@ -63,7 +84,10 @@ def _torchvision_backend() -> tuple[Backend, str] | None:
     return decode, f"torchvision {torchvision.__version__.split('+')[0]} (deprecated)"
 
 
-BACKENDS: list[Callable[[], tuple[Backend, str] | None]] = [_torchcodec_backend, _torchvision_backend]
+BACKENDS: dict[str, list[Callable[[], tuple[Backend, str] | None]]] = {
+    "cuda": [_torchcodec_backend, _torchvision_backend],
+    "cpu": [_simplejpeg_backend, _torchcodec_backend, _torchvision_backend],
+}
 
 
 class CudaStreams:
@@ -97,7 +121,7 @@ class JpegDecoder:
     """Decodes lists of JPEGs on one device, guarded (module docstring).
 
     Args:
-        backend: ``(datas, device) -> images``, one batched library call.
+        backend: ``(datas, device, paths) -> images``, one batched library call (the paths for its messages).
         name: the library, for the log.
         device: where the images are decoded.
         streams: the guard (:class:`CudaStreams` on CUDA, :class:`NoStreams` on the CPU).
@@ -111,9 +135,9 @@ class JpegDecoder:
             streams = CudaStreams(self.device) if self.device.type == "cuda" else NoStreams()
         self.streams = streams
 
-    def decode(self, datas: Sequence[bytes | torch.Tensor]) -> list[torch.Tensor | None]:
+    def decode(self, datas: Sequence[bytes | torch.Tensor], paths: Sequence[str] | None = None) -> list[torch.Tensor | None]:
         """The images, uint8 RGB ``[3, h, w]`` on the device, ready for the caller's stream; None where a file
-        cannot be decoded.
+        cannot be decoded. ``paths`` name the files (for a damaged one's message).
 
         Examples:
             >>> jpeg = cv2.imencode(".jpg", np.full((4, 6, 3), 200, np.uint8))[1].tobytes()
@@ -123,20 +147,21 @@ class JpegDecoder:
         tensors = [data if isinstance(data, torch.Tensor) else _as_tensor(data) for data in datas]
         if not tensors:
             return []
+        paths = list(paths) if paths is not None else ["<bytes>"] * len(tensors)
         with self.streams.decoding():
-            images = self._halving(tensors)
+            images = self._halving(tensors, paths)
         self.streams.hand_over(images)
         return images
 
-    def _halving(self, tensors: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    def _halving(self, tensors: list[torch.Tensor], paths: list[str]) -> list[torch.Tensor | None]:
         # one call for the batch; where it fails, each half again: only the failing files cost more calls
         try:
-            return self.backend(tensors, self.device)
-        except RuntimeError:
+            return self.backend(tensors, self.device, paths)
+        except (RuntimeError, ValueError):
             if len(tensors) == 1:
                 return [None]
             half = len(tensors) // 2
-            return self._halving(tensors[:half]) + self._halving(tensors[half:])
+            return self._halving(tensors[:half], paths[:half]) + self._halving(tensors[half:], paths[half:])
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
@@ -150,7 +175,7 @@ def jpeg_decoder(device: torch.device | str) -> JpegDecoder | None:
     """The decoder for ``device``: the first library that decodes a test JPEG there; None if none does.
 
     Examples:
-        >>> jpeg_decoder("cpu").name.startswith("libjpeg-turbo through")
+        >>> jpeg_decoder("cpu").name.startswith("libjpeg-turbo through simplejpeg")
         True
     """
     device = torch.device(device)
@@ -163,7 +188,7 @@ def jpeg_decoder(device: torch.device | str) -> JpegDecoder | None:
 
 def _first_that_decodes(device: torch.device) -> JpegDecoder | None:
     probe = cv2.imencode(".jpg", np.full((8, 8, 3), 114, np.uint8))[1].tobytes()
-    for make in BACKENDS:
+    for make in BACKENDS["cuda" if device.type == "cuda" else "cpu"]:
         found = make()
         if found is None:
             continue

@@ -36,6 +36,7 @@ import torch
 
 from ..log import LOGGER
 from .decode import jpeg_decoder
+from .images import image_noted, note_bad_image
 from .recipes import Layer, Placement, Recipe, RecipeBatch, decode_on_host, pack_sources
 from .render_kernels import H_TABLE, S_TABLE, coordinates, render_rows, resize_tiles
 from .render_plan import Layout, bgr_layout, chw_layout, padded_layouts, row_tables, tables_on, tile_table
@@ -61,7 +62,6 @@ class Renderer:
         self.device = torch.device(device)
         self.decoder = jpeg_decoder(self.device)
         self.compiled = compiled
-        self.host_decoded: set[str] = set()  # files the device decoder refused: decoded on the host from now on
         self._hsv: torch.Tensor | None = None
         self._spans: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -103,22 +103,26 @@ class Renderer:
     def _tiles(self, batch: RecipeBatch) -> tuple[torch.Tensor, list[Layout]]:
         # every source in one flat buffer; resized (into squares) where a source is not its tile's size
         groups = _groups(batch)
-        flats, layouts = zip(*(self._sources(batch, group) for group in groups))
-        if len(groups) == 1 and all(batch.originals[i] == batch.sizes[i] for i in groups[0]):
+        flats, layouts, sizes = zip(*(self._sources(batch, group) for group in groups))
+        if len(groups) == 1 and all(sizes[0][k] == batch.sizes[i] for k, i in enumerate(groups[0])):
             return flats[0], _in_order(groups, layouts)
         side = max(max(size) for size in batch.sizes)
         tiles = []
-        for group, flat, group_layouts in zip(groups, flats, layouts):
-            table = tile_table(group_layouts, [batch.originals[i] for i in group], [batch.sizes[i] for i in group])
+        for group, flat, group_layouts, group_sizes in zip(groups, flats, layouts, sizes):
+            table = tile_table(group_layouts, group_sizes, [batch.sizes[i] for i in group])
             (table,) = tables_on(self.device, [table])
             tiles.append(self._resize(flat, table, side)[: len(group)].reshape(-1))
         flat = tiles[0] if len(tiles) == 1 else torch.cat(tiles)
         return flat, _in_order(groups, [padded_layouts(len(batch.sizes), side)])
 
-    def _sources(self, batch: RecipeBatch, group: list[int]) -> tuple[torch.Tensor, list[Layout]]:
-        # a group's sources decoded (JPEGs) or copied (pixels) to the device, in one flat buffer: (buffer, layouts)
-        jpegs = [i for i in group if batch.jpeg[i] and batch.paths[i] not in self.host_decoded]
-        decoded = self.decoder.decode([batch.source(i) for i in jpegs]) if jpegs and self.decoder else []
+    def _sources(self, batch: RecipeBatch, group: list[int]) -> tuple[torch.Tensor, list[Layout], list[tuple]]:
+        # a group's sources decoded (JPEGs) or copied (pixels) to the device, in one flat buffer: (buffer, their
+        # layouts in it, their (h, w) there)
+        jpegs = [i for i in group if batch.jpeg[i] and not image_noted(batch.paths[i])]
+        if jpegs and self.decoder is not None:
+            decoded = self.decoder.decode([batch.source(i) for i in jpegs], [batch.paths[i] for i in jpegs])
+        else:
+            decoded = []
         images = dict(zip(jpegs, decoded))
         host = []  # sources decoded on the host: files the decoder refused, or with no decoder at all
         for i in group:
@@ -127,26 +131,26 @@ class Renderer:
                 images.pop(i, None)
                 host.append(i)
                 self._refused(batch.paths[i])
-        parts, layouts, start = [], {}, 0
+        parts, layouts, sizes, start = [], {}, {}, 0
         for i, image in images.items():
             flat, strides = _flat_in_memory_order(image)
             parts.append(flat)
-            layouts[i] = chw_layout(start, strides)
+            layouts[i], sizes[i] = chw_layout(start, strides), batch.originals[i]
             start += flat.numel()
         pixels = [i for i in group if not batch.jpeg[i]] + host
         if pixels:
             block = _pixel_block(batch, pixels)
             parts.append(block.to(self.device, non_blocking=True) if self.device.type == "cuda" else block)
-            for i in pixels:
-                layouts[i] = bgr_layout(start, batch.sizes[i][1])
+            for i in pixels:  # the workers' tiles, and the host's
+                layouts[i], sizes[i] = bgr_layout(start, batch.sizes[i][1]), batch.sizes[i]
                 start += 3 * batch.sizes[i][0] * batch.sizes[i][1]
         flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return flat, [layouts[i] for i in group]
+        return flat, [layouts[i] for i in group], [sizes[i] for i in group]
 
     def _refused(self, path: str) -> None:
-        if path not in self.host_decoded and self.decoder is not None:
-            LOGGER.warning(f"{path}: the {self.decoder.name} decoder cannot decode it; decoded on the host from now on")
-        self.host_decoded.add(path)
+        # said once for the job's processes on this host; the workers send the file as pixels from now on
+        if self.decoder is not None:
+            note_bad_image(path, f"{self.decoder.name} cannot decode it")
 
     # ---- the kernels ----
     def _resize(self, flat: torch.Tensor, table: torch.Tensor, side: int) -> torch.Tensor:

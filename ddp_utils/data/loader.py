@@ -128,6 +128,11 @@ class EpochLoader:
     def __len__(self) -> int:
         return len(self.sampler)
 
+    @property
+    def sends_recipes(self) -> bool:
+        """Whether the batches carry recipes for the device to render (``augment_on="device"``), not images."""
+        return bool(getattr(self.dataset, "recipes", False))
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Make the next pass over the loader epoch ``epoch`` (its order and augmentation), from batch ``start_batch``.
 

@@ -106,3 +106,111 @@ def test_images_to_float_is_one_allocation_with_the_old_values(channels_last):
         new = images_to_float(imgs, channels_last)
     assert torch.equal(new, old) and new.stride() == old.stride() and new.dtype == torch.float32
     assert dict(counter.by_op) == {"empty": 1, "copy_": 1, "div_": 1}  # one allocation, written in place
+
+
+# ---- the loader thread: the decode and the render off the training thread ----
+
+
+@pytest.fixture
+def eager_render(monkeypatch):
+    # the fast tier compiles nothing: the process's CPU renderer runs its kernels eagerly (the same code)
+    import ddp_utils.data.device_augment as device_augment
+
+    monkeypatch.setitem(device_augment._RENDERERS, torch.device("cpu"), device_augment.Renderer("cpu", compiled=False))
+
+
+@pytest.fixture(scope="module")
+def recipe_root(tmp_path_factory):
+    return make_shapes_dataset(tmp_path_factory.mktemp("recipes") / "shapes", 12, 0, size=(64, 96))
+
+
+def test_decode_and_render_run_on_the_loader_thread_and_the_training_thread_never_waits(
+    recipe_root, eager_render, monkeypatch
+):
+    import threading
+
+    import ddp_utils.data.device_augment as device_augment
+    from ddp_utils.data.decode import jpeg_decoder
+
+    from ..hostwait import HostWaitCounter
+
+    threads = {"decode": set(), "render": set()}
+    decoder = jpeg_decoder("cpu")
+    decode, render = decoder.decode, device_augment.render_rows
+
+    def decode_here(*args, **kwargs):
+        threads["decode"].add(threading.current_thread().name)
+        return decode(*args, **kwargs)
+
+    def render_here(*args, **kwargs):
+        threads["render"].add(threading.current_thread().name)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "decode", decode_here)
+    monkeypatch.setattr(device_augment, "render_rows", render_here)
+    loader, _ = create_dataloader(
+        recipe_root / "images" / "train", 64, 4, 32, hyp=HYP, augment=True, shuffle=True, seed=3, augment_on="device"
+    )
+    loader.set_epoch(0)
+    prefetcher = DevicePrefetcher(loader, "cpu", channels_last=True)
+    assert prefetcher.threaded  # a loader that sends recipes: a loader thread on the CPU too
+    with HostWaitCounter() as counter:  # the training thread's ops, as the step's loop takes the batches
+        batches = [imgs for imgs, *_ in prefetcher]
+    assert len(batches) == len(loader) and all(imgs.dtype == torch.float32 for imgs in batches)
+    assert counter.waits == [] and counter.ops == 0, (counter.waits, dict(counter.by_op))
+    assert threads == {"decode": {"ddp_utils-loader"}, "render": {"ddp_utils-loader"}}
+
+
+def test_the_loader_thread_raises_in_the_callers_thread_and_stops_when_closed():
+    from ddp_utils.data.prefetch import LoaderThread
+
+    def batches():
+        yield 1
+        raise RuntimeError("DataLoader worker died")
+
+    thread = LoaderThread(batches(), lambda b: b, torch.device("cpu"))
+    got = []
+    with pytest.raises(RuntimeError, match="worker died"):
+        for batch in thread:
+            got.append(batch)
+    thread.close()
+    assert got == [1]
+
+    taken = []
+
+    def endless():
+        for k in range(10**6):
+            taken.append(k)
+            yield k
+
+    thread = LoaderThread(endless(), lambda b: b, torch.device("cpu"), ahead=2)
+    first = next(iter(thread))
+    import time
+
+    time.sleep(0.3)  # the thread runs ahead as far as it may: one batch ready, one in the making
+    assert first == 0 and len(taken) <= 4, taken
+    thread.close()
+    assert not thread._thread.is_alive()
+
+
+def test_workers_persist_across_epochs_and_the_batches_are_the_unthreaded_ones(recipe_root, eager_render):
+    # YOLOv5's InfiniteDataLoader keeps its workers; so does EpochLoader, through the loader thread too
+    for augment_on in ("workers", "device"):
+        kwargs = dict(hyp=HYP, augment=True, shuffle=True, seed=3, workers=2, augment_on=augment_on)
+        threaded, _ = create_dataloader(recipe_root / "images" / "train", 64, 4, 32, **kwargs)
+        plain, _ = create_dataloader(recipe_root / "images" / "train", 64, 4, 32, **kwargs)
+        pids = []
+        for epoch in range(3):
+            for loader in (threaded, plain):
+                loader.set_epoch(epoch)
+            got = [b[0] for b in DevicePrefetcher(threaded, "cpu", threaded=True)]
+            ref = [to_device_batch(b, torch.device("cpu"))[0] for b in plain]
+            assert len(got) == len(ref) == len(plain) and all(map(torch.equal, got, ref)), (augment_on, epoch)
+            pids.append(sorted(w.pid for w in threaded._iterator._workers))
+        assert pids[0] == pids[1] == pids[2], (augment_on, pids)
+        # a resume in the middle of an epoch: its last batches, the same ones
+        threaded.set_epoch(1, start_batch=1)
+        plain.set_epoch(1)
+        tail = [b[0] for b in DevicePrefetcher(threaded, "cpu", threaded=True)]
+        whole = [to_device_batch(b, torch.device("cpu"))[0] for b in plain]
+        assert len(tail) == len(whole) - 1 and all(map(torch.equal, tail, whole[1:])), augment_on
