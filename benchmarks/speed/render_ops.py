@@ -32,7 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +63,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hyp", default="hyp.scratch-low.yaml")
     parser.add_argument("--mixups", type=float, nargs="+", default=[0.0, 0.1])
     parser.add_argument("--sides", type=int, nargs=2, default=None, help="image sides (default 0.75-1x imgsz)")
-    parser.add_argument("--eager", action="store_true", help="the kernels uncompiled (what a host without a compiler runs)")
+    parser.add_argument(
+        "--eager", action="store_true", help="the kernels uncompiled (what a host without a compiler runs)"
+    )
     return parser.parse_args(argv)
 
 

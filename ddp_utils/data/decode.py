@@ -50,7 +50,9 @@ def _simplejpeg_backend() -> tuple[Backend, str] | None:
         images = []
         for data, path in zip(datas, paths):
             bgr = decode_on_cpu(bytes(data.numpy()), path)
-            images.append(None if bgr is None else torch.from_numpy(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)).permute(2, 0, 1))
+            images.append(
+                None if bgr is None else torch.from_numpy(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
+            )
         return images
 
     return decode, f"simplejpeg {simplejpeg.__version__}"
@@ -135,7 +137,9 @@ class JpegDecoder:
             streams = CudaStreams(self.device) if self.device.type == "cuda" else NoStreams()
         self.streams = streams
 
-    def decode(self, datas: Sequence[bytes | torch.Tensor], paths: Sequence[str] | None = None) -> list[torch.Tensor | None]:
+    def decode(
+        self, datas: Sequence[bytes | torch.Tensor], paths: Sequence[str] | None = None
+    ) -> list[torch.Tensor | None]:
         """The images, uint8 RGB ``[3, h, w]`` on the device, ready for the caller's stream; None where a file
         cannot be decoded. ``paths`` name the files (for a damaged one's message).
 

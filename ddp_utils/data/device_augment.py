@@ -274,11 +274,17 @@ def augment_choice(
         if decoder is None and choice == "auto":
             reason = f"{option}: no JPEG decoder loads on {device} (neither TorchCodec nor torchvision decodes there)"
         elif decoder is None:  # asked for: the workers' pixels still reach the device render
-            return "device", f"images made on the device {device} ({option}): no JPEG decoder loads there, the " \
-                "workers decode them (OpenCV) and the device renders"
+            return (
+                "device",
+                f"images made on the device {device} ({option}): no JPEG decoder loads there, the "
+                "workers decode them (OpenCV) and the device renders",
+            )
         else:
-            return "device", f"images made on the device {device} ({option}): decoded by {decoder.name}, " \
-                "augmented by the fused render"
+            return (
+                "device",
+                f"images made on the device {device} ({option}): decoded by {decoder.name}, "
+                "augmented by the fused render",
+            )
     return "workers", f"images made on the loader workers (OpenCV): {reason}"
 
 

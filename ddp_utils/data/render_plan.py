@@ -20,8 +20,18 @@ import numpy as np
 import torch
 
 from .recipes import Recipe
-from .render_kernels import FLIP_LR, FLIP_UD, GAINS, HAS_GAINS, LAYER_FLOATS, LAYER_INTS, MIX
-from .render_kernels import PLACEMENTS, ROW_FLOATS, TILE_COLUMNS
+from .render_kernels import (
+    FLIP_LR,
+    FLIP_UD,
+    GAINS,
+    HAS_GAINS,
+    LAYER_FLOATS,
+    LAYER_INTS,
+    MIX,
+    PLACEMENTS,
+    ROW_FLOATS,
+    TILE_COLUMNS,
+)
 
 
 class Layout(NamedTuple):

@@ -197,5 +197,4 @@ def hsv_jitter(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     return (rgb * 255).trunc_().clamp_(0, 255).to(torch.uint8)
 
 
-
 __all__ = ["hsv_jitter", "reference_render", "reference_tiles"]

@@ -246,14 +246,18 @@ def test_mixup_is_rendered_only_where_a_sample_has_one(label_set, monkeypatch):
     assert 0 < mixed < len(batch)
     calls = []
     render = render_kernels.render_rows
-    monkeypatch.setattr(device_augment, "render_rows", lambda *a, **k: calls.append((len(a[1]), a[6])) or render(*a, **k))
+    monkeypatch.setattr(
+        device_augment, "render_rows", lambda *a, **k: calls.append((len(a[1]), a[6])) or render(*a, **k)
+    )
     got = EAGER(batch, to_float=False)
     assert calls == [(len(batch), 1), (max(mixed, 2), 2)]  # every sample's first layer; the mixups' two
     assert_close_images(got, torch.stack([dataset[SampleKey(0, s, s % len(dataset))][0] for s in range(12)]))
 
 
 def test_the_float_batch_is_the_images_over_255_in_the_steps_layout(label_set):
-    batch = planned(YoloDataset(label_set, 64, 4, augment=True, hyp=HYP, seed=1), [SampleKey(0, 0, 0), SampleKey(0, 1, 1)])
+    batch = planned(
+        YoloDataset(label_set, 64, 4, augment=True, hyp=HYP, seed=1), [SampleKey(0, 0, 0), SampleKey(0, 1, 1)]
+    )
     images = EAGER(batch, to_float=False)
     for channels_last in (True, False):
         floats = EAGER(batch, to_float=True, channels_last=channels_last)
@@ -269,7 +273,9 @@ def test_the_compiled_kernels_are_the_eager_ones(label_set):
     for hyp in (*HYPS.values(), STRONG_HSV):
         dataset = YoloDataset(label_set, 96, 4, augment=True, hyp=hyp, seed=7)
         batches.append(planned(dataset, [SampleKey(1, slot, (5 * slot) % len(dataset)) for slot in range(5)]))
-    batches.append(planned(YoloDataset(label_set, 64, 4, augment=True, hyp=HYP, rect=True, seed=1), [SampleKey(0, 0, 0)]))
+    batches.append(
+        planned(YoloDataset(label_set, 64, 4, augment=True, hyp=HYP, rect=True, seed=1), [SampleKey(0, 0, 0)])
+    )
     for batch in batches:
         for channels_last in (True, False):
             got = compiled(batch, channels_last=channels_last)
