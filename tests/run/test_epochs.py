@@ -13,7 +13,6 @@ from ddp_utils.engine import EpochStats
 from ddp_utils.log import LOGGER
 from ddp_utils.run.epochs import end_epoch, finish_training
 from ddp_utils.run.records import Records
-from ddp_utils.run.saves import SaveFailed
 from ddp_utils.run.train_state import TrainState
 from ddp_utils.run.training import Training
 
@@ -40,7 +39,9 @@ def an_epoch(journal: Journal, *, stop_early=False, signal=False, nosave=False, 
 
     stopper.best_fitness, stopper.best_epoch = None, -1
     control = argparse.Namespace(epoch_skipped=0, skipped=0, stop_anywhere=journal.part("stop anywhere?", signal))
-    saves = argparse.Namespace(save=lambda fit, best, final: journal.append(("save", fit.state.epoch, best, final)))
+    saves = argparse.Namespace(
+        save=lambda fit, best, final=None: journal.append(("save", fit.state.epoch, best, final))
+    )
     logger = argparse.Namespace(log=lambda e, values: journal.append(("log", e)))
     records = Records(logger=logger, stopper=stopper, saves=saves, control=control, watchdog=None)
     run = argparse.Namespace(epochs=3, nc=2, opt=argparse.Namespace(nosave=nosave))
@@ -93,6 +94,8 @@ def test_a_finished_run_says_its_last_words_and_a_stopped_one_leaves_its_tracker
 
 @pytest.mark.parametrize("reason", [None, "signal"])
 def test_a_run_whose_final_or_stop_save_failed_says_no_last_words_and_raises_the_line(reason, monkeypatch, tmp_path):
+    from ddp_utils.run.saves import SaveFailed
+
     journal = Journal()
     monkeypatch.setattr("ddp_utils.run.epochs.finish_run", journal.part("last words"))  # "3 epochs done; ..."
     logger = argparse.Namespace(log_weights=journal.part("weights"), close=journal.part("close"))

@@ -91,8 +91,7 @@ class Checkpointer:
             landed: called once the files are whole on disk, with the seconds the caller was held (the snapshot,
                 and a save still being written before it) and the seconds the write took; in the writer's
                 thread with ``background``; never for a save that failed. What says "saved" says it here.
-            goes_on: training goes on after this save (a failed background write then says the next save is
-                tried); False for the run's final or stop save, whose failure the run reports itself.
+            goes_on: training goes on after it (not the final or a stop's): a failed write says the next is tried.
 
         Returns:
             The paths written (or being written, in the background).
@@ -103,9 +102,8 @@ class Checkpointer:
                 at once, this save and the next are written as usual, and :meth:`wait` returns False.
         """
         started = time.perf_counter()
-        scaler = getattr(training, "scaler", None)
+        scaler, ema = getattr(training, "scaler", None), training.ema
         enabled = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
-        ema = training.ema
         ckpt = build_checkpoint(
             ema.ema,
             train_model=training.model,
