@@ -86,7 +86,7 @@ class CtrlC:
 
     def unlisten(self, heard: Callable[[], None]) -> None:
         """Stop giving presses to ``heard``: a press from now on stops the process at once."""
-        if self._listener is heard:
+        if self._listener == heard:  # a bound method is a new object at each access: equal, not the same
             self._listener = None
 
     def describe_writes(self, words: Callable[[], str] | None) -> None:
@@ -131,7 +131,8 @@ class CtrlC:
             listener = self._listener if self.presses == 1 else None
         if listener is None:
             self.stop_at_once()
-        listener()
+        else:
+            listener()
 
     def _forked(self) -> None:
         with contextlib.suppress(ValueError):  # a fork from another thread: its child cannot set it

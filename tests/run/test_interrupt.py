@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from ddp_utils.run import PreemptionHandler
+from ddp_utils.run.interrupt import CtrlC
+
 from ..multiproc import REPO_ROOT, launcher_env
 
 OWNER = """
@@ -59,6 +62,28 @@ class Script:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             time.sleep(0.1)  # the last lines
+
+
+def test_a_run_listens_to_the_owner_only_while_it_runs(monkeypatch):
+    # the run's PreemptionHandler takes the first press from the owner; once the run ended, a press stops at once
+    owner, stops = CtrlC("prog"), []  # not installed: presses made by hand, this process keeps Python's Ctrl-C
+    monkeypatch.setattr("ddp_utils.run.signals.ctrl_c_owner", lambda: owner)
+    monkeypatch.setattr(owner, "stop_at_once", lambda: stops.append(owner.presses))
+    before = signal.getsignal(signal.SIGINT)
+    with PreemptionHandler(signals=(signal.SIGTERM, signal.SIGINT)) as preempt:
+        assert signal.getsignal(signal.SIGINT) is before  # the owner's (here Python's), untouched
+        assert signal.getsignal(signal.SIGTERM) == preempt._handle
+        owner._press()
+        assert preempt.received == signal.SIGINT and stops == []  # heard: finish the step, save, stop
+    assert owner._listener is None  # it stopped listening with the run
+    second = CtrlC("prog")
+    monkeypatch.setattr("ddp_utils.run.signals.ctrl_c_owner", lambda: second)
+    monkeypatch.setattr(second, "stop_at_once", lambda: stops.append(second.presses))
+    with PreemptionHandler(signals=(signal.SIGINT,)):
+        pass
+    second._press()  # the first press, after the run: nothing listens, it stops at once
+    owner._press()  # the second press
+    assert stops == [1, 2]
 
 
 @pytest.mark.slow
