@@ -51,7 +51,8 @@ def run(**kwargs) -> argparse.Namespace:
 
     A name that is no option raises TypeError (YOLOv5 would ignore it), a value the command line refuses
     (``imgsz=-5``) :class:`ddp_utils.run.OptionError`, a ValueError naming the option; any other mistake in
-    the inputs (a missing data yaml) the error naming the file, never SystemExit.
+    the inputs (a missing data yaml) the error naming the file, never SystemExit; a diverged run
+    ``TrainingDiverged``, a final or stop save that did not reach the disk ``ddp_utils.run.saves.SaveFailed``.
     """
     opt = options.options_with(parse_opt(known=True), kwargs, du.dist_info().world_size)
     with options.raising_user_errors():  # what the command line says in one line and exit 2, raised here

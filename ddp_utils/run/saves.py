@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..distributed import DistInfo, any_rank
+from ..distributed import DistInfo, any_rank, broadcast_object
 from ..engine.guard import TrainingDiverged
 from ..log import LOGGER
 from .checkpoint import Checkpointer
@@ -127,8 +127,7 @@ class RunSaves:
         """Every rank, when the run ended without a stop: wait for the final save; one that did not land is
         :attr:`failed`, saying where ``--resume`` will really continue."""
         if not self.wait():
-            last = self.checkpoints.last
-            self.failed = f"training ended after epoch {fit.state.epoch} but {_not_saved(last, self.says_resume)}"
+            self.failed = self._failure(f"training ended after epoch {fit.state.epoch} but ")
 
     def stop(self, fit: Training, stats: Any = None) -> None:
         """Every rank, when the control stopped the run: save where it stands (at ``stats``' batch when the epoch
@@ -146,13 +145,20 @@ class RunSaves:
         if control.reason == "diverged":
             raise TrainingDiverged(self._diverged(state, fit.step.amp, written, took))
         if not written:  # the run's last line says it (finish_training), and where --resume really continues
-            self.failed = f"stopped at {state.where()}: {_not_saved(last, self.says_resume)}"
+            self.failed = self._failure(f"stopped at {state.where()}: ")
             return
         if self.info.is_main:
             how = f"; continue with: python train.py --resume {last}" if self.says_resume else ""
             LOGGER.warning(f"stopped at {state.where()}: saved {last} in {took:.1f} s{how}")
         if control.requeue_anywhere():  # after rank 0 saved: the requeued job resumes from it
             requeue_job(restarts_from=f"{last} ({state.where()})")
+
+    def _failure(self, head: str) -> str:
+        """Every rank: rank 0's words for a save that did not land (it reads the file it writes: another node may
+        not see it), after ``head``."""
+        return broadcast_object(
+            f"{head}{_not_saved(self.checkpoints.last, self.says_resume)}" if self.info.is_main else ""
+        )
 
     def at_once_words(self) -> str:
         """What the writes leave when the process stops at once (a second Ctrl-C): a save still being written is
