@@ -61,12 +61,14 @@ def inject_module():
     return module
 
 
-def test_the_save_faults_follow_rank_0s_saves_as_they_land_not_the_hosts_speed(tmp_path):
+def test_the_save_faults_follow_rank_0s_saves_not_the_hosts_speed(tmp_path):
     # enospc and truncated waited for a mid-epoch save of epoch 2 to show on disk, read at each log line: on a fast
     # host none came before the job ended ("not injected"); the injector now counts the saves inside the job
     inject, events = inject_module(), []
     hook = inject.SaveHook(
+        before=2,
         after=2,
+        first=lambda at: events.append(("before", at, (tmp_path / "last.pt").exists())),
         then=lambda at: events.append(("after", at)),
         before_final=lambda at: events.append(("before the final save", at)),
         on_failure=lambda exc: events.append(("failed", type(exc).__name__)),
@@ -78,16 +80,17 @@ def test_the_save_faults_follow_rank_0s_saves_as_they_land_not_the_hosts_speed(t
             ckpt = {"epoch": epoch - 1, "opt": {"epochs": 3}, "train_state": state, "model": torch.zeros(1)}
             checkpoint_files.write_serialised(ckpt, [path])  # what the background writer calls
 
-        save(0, 3)  # epoch 1's periodic save: the first
+        save(0, 3)  # epoch 1's periodic save: not counted (epoch 1 still draws its first batches)
+        save(1, 0)  # epoch 1 done: the first counted
         assert events == []
-        save(1, 0)  # epoch 1 done: the second
-        assert events == [("after", "the end of epoch 1")]
+        save(1, 5)  # epoch 2's periodic save: the second
+        assert events == [("before", "epoch 2, batch 5/8", True), ("after", "epoch 2, batch 5/8")]
         blocked = tmp_path / "a file"
         blocked.write_text("")
         with pytest.raises(CheckpointWriteError):
-            save(2, 5, path=blocked / "last.pt")  # a write that fails (its directory is a file)
+            save(2, 0, path=blocked / "last.pt")  # a write that fails (its directory is a file)
         save(3, 0)  # epoch 3 done: the final one, never counted
-        assert events[1:] == [("failed", "CheckpointWriteError"), ("before the final save", "the end of epoch 3")]
+        assert events[2:] == [("failed", "CheckpointWriteError"), ("before the final save", "the end of epoch 3")]
         assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 2  # the saves themselves are the real ones
     finally:
         checkpoint_files.write_serialised = hook.original
@@ -121,15 +124,15 @@ def test_the_fault_benchmark_runs_and_its_rows_hold(tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_a_truncation_whose_moment_never_comes_is_reported_not_injected_and_fails_the_benchmark(tmp_path):
-    # one epoch, no periodic save: the only save is the final one, after which there is nothing to kill; the job
-    # finishes, its final last.pt is not cut, and the benchmark exits 1: its table is not whole
+    # one epoch: no save from epoch 2 on, after which there is nothing to kill; the job finishes, its final last.pt
+    # is not cut, and the benchmark exits 1: its table is not whole
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, str(FAULTS), "--faults", "truncated", "--epochs", "1", "--save-interval", "0",
                "--dir", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=580)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     (truncated,) = json.loads((tmp_path / "faults.json").read_text())
-    why = "rank 0 never had a second save that is not its last on disk: the job ended first"
+    why = "rank 0 never had a second save from epoch 2 on that is not its last: the job ended first"
     assert truncated == {"fault": "truncated", "not_injected": why}, truncated
     assert "| truncated | not injected: " in done.stdout and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().endswith(f"the table is not whole: truncated not injected ({why})"), done.stderr

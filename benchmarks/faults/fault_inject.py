@@ -2,22 +2,23 @@
 0's checkpoint saves (a full disk, a kill the moment a save is on disk).
 
     torchrun --nproc_per_node 2 benchmarks/faults/fault_inject.py --nan-at 13 --nan-rank 1 -- --data ...
-    torchrun ... benchmarks/faults/fault_inject.py --fill-after-save 1 --filler /mnt/small/filler -- --data ...
+    torchrun ... benchmarks/faults/fault_inject.py --fill-before-save 1 --filler /mnt/small/filler -- --data ...
     torchrun ... benchmarks/faults/fault_inject.py --fill-before-final --filler /mnt/small/filler -- --data ...
     torchrun ... benchmarks/faults/fault_inject.py --kill-after-save 2 -- --data ...
 
 - ``--nan-at``: the loss that ``TrainStep`` computes at its ``--nan-at``-th training forward (counted from 0 in this
   process, validation's forwards not counted) on rank ``--nan-rank`` is multiplied by NaN.
-- ``--fill-after-save N``: once rank 0's N-th save (of those that are not the run's final one) is whole on disk,
-  the file system of ``--filler`` (a small tmpfs holding the run) is filled to its last byte with that file: the
-  next save fails with a real "No space left on device"; the filler is removed when it has, so the saves after it
-  land.
+- ``--fill-before-save N``: just before rank 0's N-th counted save is written, the file system of ``--filler`` (a
+  small tmpfs holding the run) is filled to its last byte with that file: the save fails with a real "No space left
+  on device" in the background writer, and the filler is removed once it has: the saves after it land, and nothing
+  else of the run was written while the disk was full.
 - ``--fill-before-final``: the file system is filled just before rank 0's final save (the last epoch's), and stays
   full: the run's last save fails.
-- ``--kill-after-save N``: rank 0 kills itself (SIGKILL) once its N-th save that is not the final one is on disk.
+- ``--kill-after-save N``: rank 0 kills itself (SIGKILL) once its N-th counted save is on disk.
 
-Saves are counted in rank 0's checkpoint writer as they land, so each fault comes at the same point of the run's
-story on any host, however fast: none depends on when a benchmark reads a line. Each prints one line
+Counted are the saves from epoch 2 on (the end of epoch 1 included) that are not the run's final one (epoch 1 still
+draws its first batches into the run directory), in rank 0's checkpoint writer: each fault comes at the same point
+of the run's story on any host, however fast; none depends on when a benchmark reads a line. Each prints one line
 (``fault_inject: ...``) when it acts. Everything else is train.py as a user runs it (``runpy``, as ``__main__``).
 A benchmark's tool, never imported by the package.
 """
@@ -87,25 +88,46 @@ def where(ckpt: Mapping[str, Any]) -> str:
     return f"the end of epoch {int(ckpt['epoch']) + 1}"
 
 
+def epoch_of(ckpt: Mapping[str, Any]) -> int:
+    """The epoch (from 1, as the log counts) a save stands in: the one in progress, or the next after an epoch's end.
+
+    Examples:
+        >>> epoch_of({"epoch": -1, "train_state": {"batch": 3}}), epoch_of({"epoch": 0, "train_state": {}})
+        (1, 2)
+    """
+    return int(ckpt["epoch"]) + 2
+
+
 class SaveHook:
     """Wraps the checkpoint writer's ``write_serialised``: what happens around rank 0's saves.
 
+    Counted are the saves that stand in epoch ``from_epoch`` or later (the end of epoch 1 stands at epoch 2's start;
+    epoch 1's own saves come while its first batches are still being drawn to the run directory) and are not the
+    run's final one.
+
     Args:
-        after: act once the ``after``-th save that is not the final one is on disk (0: never).
-        then: what to do then (given where that save stands).
+        before: act just before the ``before``-th counted save is written (0: never), with ``first``.
+        after: act once the ``after``-th counted save is on disk (0: never), with ``then``.
+        first, then: what to do (given where that save stands).
         before_final: what to do before the final save is written, or None.
         on_failure: what to do when a save fails (given the error), or None.
+        from_epoch: the first epoch whose saves count.
     """
 
     def __init__(
         self,
+        *,
+        before: int = 0,
         after: int = 0,
+        first: Callable[[str], None] | None = None,
         then: Callable[[str], None] | None = None,
         before_final: Callable[[str], None] | None = None,
         on_failure: Callable[[CheckpointWriteError], None] | None = None,
+        from_epoch: int = 2,
     ) -> None:
-        self.after, self.then, self.before_final, self.on_failure = after, then, before_final, on_failure
-        self.landed = 0  # saves on disk that were not the final one
+        self.before, self.after, self.first, self.then = before, after, first, then
+        self.before_final, self.on_failure, self.from_epoch = before_final, on_failure, from_epoch
+        self.counted = 0  # counted saves handed to the writer so far
         self.original = checkpoint_files.write_serialised
 
     def install(self) -> SaveHook:
@@ -113,19 +135,21 @@ class SaveHook:
         return self
 
     def write(self, ckpt: Mapping[str, Any], paths: list) -> list[Path]:
-        final = is_final(ckpt)
+        final, at = is_final(ckpt), where(ckpt)
+        counted = not final and epoch_of(ckpt) >= self.from_epoch
+        self.counted += counted
         if final and self.before_final is not None:
-            self.before_final(where(ckpt))
+            self.before_final(at)
+        if counted and self.counted == self.before and self.first is not None:
+            self.first(at)
         try:
             written = self.original(ckpt, paths)
         except CheckpointWriteError as exc:
             if self.on_failure is not None:
                 self.on_failure(exc)
             raise
-        if not final:
-            self.landed += 1
-            if self.landed == self.after and self.then is not None:
-                self.then(where(ckpt))
+        if counted and self.counted == self.after and self.then is not None:
+            self.then(at)
         return written
 
 
@@ -157,37 +181,36 @@ def save_hook(opt: argparse.Namespace) -> SaveHook | None:
             say(f"killing rank 0 (SIGKILL) after its save at {at} reached the disk")
             os.kill(os.getpid(), signal.SIGKILL)
 
-        return SaveHook(opt.kill_after_save, kill)
+        return SaveHook(after=opt.kill_after_save, then=kill)
     if opt.filler is None:
         return None
     filler = Path(opt.filler)
 
-    def full(at: str) -> None:
-        say(f"filled the disk ({fill(filler) / 2**20:.1f} MiB) after the save at {at}")
+    def full(before: str) -> Callable[[str], None]:
+        return lambda at: say(f"filled the disk ({fill(filler) / 2**20:.1f} MiB) before the {before}save, at {at}")
 
     def freed(exc: CheckpointWriteError) -> None:
         if exc.errno == errno.ENOSPC and filler.exists():
             filler.unlink()
-            say("freed the disk after a save failed")
+            say("freed the disk after the save failed")
 
     if opt.fill_before_final:
-        return SaveHook(before_final=lambda at: say(f"filled the disk ({fill(filler) / 2**20:.1f} MiB) before the "
-                                                    f"final save, at {at}"))  # fmt: skip
-    return SaveHook(opt.fill_after_save, full, on_failure=freed)
+        return SaveHook(before_final=full("final "))
+    return SaveHook(before=opt.fill_before_save, first=full(""), on_failure=freed)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nan-at", type=int, default=None, help="the training forward (from 0) whose loss is NaN")
     parser.add_argument("--nan-rank", type=int, default=0, help="the rank it happens on")
-    parser.add_argument("--fill-after-save", type=int, default=0, help="fill the disk after rank 0's N-th save")
+    parser.add_argument("--fill-before-save", type=int, default=0, help="fill the disk before rank 0's N-th save")
     parser.add_argument("--fill-before-final", action="store_true", help="fill the disk before the final save")
     parser.add_argument("--filler", type=Path, default=None, help="the file that fills the disk (on its tmpfs)")
     parser.add_argument("--kill-after-save", type=int, default=0, help="SIGKILL rank 0 after its N-th save")
     split = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
     opt = parser.parse_args(sys.argv[1:split])
-    if (opt.fill_after_save or opt.fill_before_final) and opt.filler is None:
-        parser.error("--fill-after-save and --fill-before-final need --filler")
+    if (opt.fill_before_save or opt.fill_before_final) and opt.filler is None:
+        parser.error("--fill-before-save and --fill-before-final need --filler")
     if opt.nan_at is not None:
         inject_nan(opt.nan_at, opt.nan_rank)
     hook = save_hook(opt)

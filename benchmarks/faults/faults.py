@@ -15,15 +15,17 @@ watchdog at its default bound (120 s). First the same job uninterrupted, then on
 - ``sigstop``: rank 1 stopped (SIGSTOP) in epoch 2, a rank that hangs: the watchdog names it and ends the others
   (exit 75), torchrun kills the stopped one (after its 30 s grace) and restarts.
 - ``worker-kill``: one of rank 0's data-loader workers killed (SIGKILL) in epoch 2.
-- ``enospc``: the run directory on a small tmpfs (mounted here; needs root), filled up once rank 0's first save
-  is on disk, emptied again once a save has failed: a real "No space left on device" in a background write, and
-  training goes on (needs 3 epochs: the failed save is not the last one).
+- ``enospc``: the run directory on a small tmpfs (mounted here; needs root), filled up just before rank 0's save
+  at the end of epoch 1, emptied again once that save has failed: a real "No space left on device" in a background
+  write, and training goes on (needs 2 epochs: the failed save is not the last one).
 - ``enospc-final``: the same tmpfs filled up just before the run's final save, and left full (no restart): the
   job must end with a non-zero exit and a last line naming the checkpoint on disk and where ``--resume``
   continues; the benchmark frees the disk and does what that line says.
 - ``nan``: rank 1's loss made NaN at one step of epoch 2.
-- ``truncated``: rank 0 killed (no restart) the moment its second save is on disk, its last.pt then cut to half;
-  the job started again with ``--resume`` says in one line what to do; the benchmark does it, and resumes.
+- ``truncated``: rank 0 killed (no restart) the moment its second save from epoch 2 on is on disk (the end of epoch
+  1 is the first), its last.pt then cut to half (a copy cut short put in its place: a best.pt that shares its bytes
+  stays whole); the job started again with ``--resume`` says in one line what to do; the benchmark does it, and
+  resumes.
 
 The faults tied to a save (``enospc``, ``enospc-final``, ``truncated``) and the NaN are injected inside the job by
 ``benchmarks/faults/fault_inject.py``, counting rank 0's saves as they land: they come at the same point of the
@@ -320,14 +322,14 @@ def fault_restart(s: Setup, out: Path, name: str, act: At, timeout: float = 900)
 
 def fault_enospc(s: Setup, out: Path, name: str) -> dict:
     final = name == "enospc-final"
-    if not final and s.epochs < 3:
-        return not_injected(name, f"{s.epochs} epochs: the save after the full disk would be the last one (needs 3)")
+    if not final and s.epochs < 2:
+        return not_injected(name, "1 epoch: its only save is the last one (needs 2 epochs)")
     mount = out / f"tmpfs-{name}"
     mount.mkdir(exist_ok=True)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(mount)], capture_output=True).returncode:
         return {"fault": name, "skipped": "cannot mount a tmpfs here (needs root)"}
     filler, injected, resumed = mount / "filler", Injected(), None
-    when = ["--fill-before-final"] if final else ["--fill-after-save", "1"]
+    when = ["--fill-before-final"] if final else ["--fill-before-save", "1"]
     wrapper = [str(INJECT), *when, "--filler", str(filler), "--"]
     try:
         job = run_job(s.job(mount, name, wrapper=wrapper, restarts=0 if final else 3), s.env, 600, injected)
@@ -366,12 +368,14 @@ def fault_nan(s: Setup, out: Path, name: str) -> dict:
 
 def fault_truncated(s: Setup, out: Path, name: str) -> dict:
     last, injected = out / name / "weights" / "last.pt", Injected()
-    wrapper = [str(INJECT), "--kill-after-save", "2", "--"]  # rank 0 killed the moment its 2nd save is on disk
+    wrapper = [str(INJECT), "--kill-after-save", "2", "--"]  # the moment its 2nd save from epoch 2 on is on disk
     first = run_job(s.job(out, name, restarts=0, wrapper=wrapper), s.env, 600, injected)
     if injected.at is None:
-        return not_injected(name, "rank 0 never had a second save that is not its last on disk: the job ended first")
-    data = last.read_bytes()
-    last.write_bytes(data[: len(data) // 2])  # the storage cut the file short
+        why = "rank 0 never had a second save from epoch 2 on that is not its last: the job ended first"
+        return not_injected(name, why)
+    data, cut = last.read_bytes(), last.with_name("last.pt.cut")
+    cut.write_bytes(data[: len(data) // 2])  # the storage cut the file short (a best.pt linked to it stays whole)
+    os.replace(cut, last)
     at = time.monotonic()
     resume = s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)])
     refused = run_job(resume, s.env, 600, noop)
