@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 
 import torch
@@ -27,9 +26,11 @@ from ddp_utils.progress import set_progress_mode
 from ddp_utils.run import options
 from ddp_utils.run.checkpoint import load_pretrained
 from ddp_utils.run.epochs import end_epoch, finish_training
+from ddp_utils.run.interrupt import own_ctrl_c
 from ddp_utils.run.records import Records, open_records
 from ddp_utils.run.report import first_batches_plotter
 from ddp_utils.run.resume import find_resume
+from ddp_utils.run.saves import SAVE_FAILED_EXIT_CODE, SaveFailed
 from ddp_utils.run.start import Run, make_run_dir, record_run, start_run
 from ddp_utils.run.training import Training, build_training
 from ddp_utils.yolo.finetune import check_img_size, freeze_indices, freeze_layers, grid_size, transfer_weights
@@ -50,7 +51,8 @@ def run(**kwargs) -> argparse.Namespace:
 
     A name that is no option raises TypeError (YOLOv5 would ignore it), a value the command line refuses
     (``imgsz=-5``) :class:`ddp_utils.run.OptionError`, a ValueError naming the option; any other mistake in
-    the inputs (a missing data yaml) the error naming the file, never SystemExit.
+    the inputs (a missing data yaml) the error naming the file, never SystemExit; a diverged run
+    ``TrainingDiverged``, a final or stop save that did not reach the disk ``ddp_utils.run.saves.SaveFailed``.
     """
     opt = options.options_with(parse_opt(known=True), kwargs, du.dist_info().world_size)
     with options.raising_user_errors():  # what the command line says in one line and exit 2, raised here
@@ -80,6 +82,8 @@ def main(opt: argparse.Namespace) -> None:
         finished = True
     except engine.TrainingDiverged as exc:  # every rank alike, after last.pt was saved: one line, no traceback
         options.exit_or_raise(exc, code=options.DIVERGED_EXIT_CODE)
+    except SaveFailed as exc:  # the final or stop save is not on disk: the line says which one is, exit 74
+        options.exit_or_raise(exc, code=SAVE_FAILED_EXIT_CODE)
     finally:
         du.cleanup(wait=finished)  # on an error, leave at once: the others fail fast, not hang
 
@@ -225,9 +229,6 @@ def validate(run: Run, fit: Training, device: torch.device, epoch: int, records:
 
 
 if __name__ == "__main__":
+    own_ctrl_c("train.py")  # to the process's end: a first press saves and stops after the step; a second, exit 130
     with contextlib.suppress(BrokenPipeError):
-        try:
-            record(main)(parse_opt())  # torchrun's failure report shows an uncaught error's traceback
-        except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops after the step), or one before training
-            print("train.py: interrupted by Ctrl-C", file=sys.stderr)
-            sys.exit(130)  # 128 + SIGINT, as a shell reports it
+        record(main)(parse_opt())  # torchrun's failure report shows an uncaught error's traceback

@@ -1,6 +1,8 @@
 """benchmarks/faults/faults.py runs, and its rows say what they should: a SIGTERM costs nothing and the job ends as the
-uninterrupted one; a NaN loss is one skipped step and the job still finishes every epoch once; a fault whose moment
-never comes is reported as not injected, and the table is printed whatever one row does."""
+uninterrupted one; a NaN loss is one skipped step and the job still finishes every epoch once; a full disk at the
+last epoch exits 74 naming the checkpoint on disk; the faults tied to saves come at the same save on any host; a
+fault whose moment never comes is reported as not injected, the table is printed whatever one row does, and the
+benchmark then fails its own check."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_utils.run import TrainState
-from ddp_utils.run.checkpoint import save_checkpoint
+from ddp_utils.run import CheckpointWriteError, TrainState, load_checkpoint
+from ddp_utils.run.checkpoint import files as checkpoint_files
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS = REPO / "benchmarks" / "faults" / "faults.py"
+INJECT = REPO / "benchmarks" / "faults" / "fault_inject.py"
 
 
 def faults_module():
@@ -51,26 +54,53 @@ def test_a_fault_that_fails_or_never_comes_is_a_row_and_the_others_still_run(tmp
     ]
 
 
-def test_the_truncation_trigger_follows_the_saves_on_disk_not_the_log(tmp_path):
+def inject_module():
+    spec = importlib.util.spec_from_file_location("fault_inject", INJECT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_save_faults_follow_rank_0s_saves_not_the_hosts_speed(tmp_path):
+    # enospc and truncated waited for a mid-epoch save of epoch 2 to show on disk, read at each log line: on a fast
+    # host none came before the job ended ("not injected"); the injector now counts the saves inside the job
+    inject, events = inject_module(), []
+    hook = inject.SaveHook(
+        before=2,
+        after=2,
+        first=lambda at: events.append(("before", at, (tmp_path / "last.pt").exists())),
+        then=lambda at: events.append(("after", at)),
+        before_final=lambda at: events.append(("before the final save", at)),
+        on_failure=lambda exc: events.append(("failed", type(exc).__name__)),
+    ).install()
+    try:
+
+        def save(epoch: int, batch: int, path=tmp_path / "last.pt") -> None:  # as Checkpointer writes, 3 epochs
+            state = TrainState(epoch=epoch, batch=batch, batches=8).as_dict()
+            ckpt = {"epoch": epoch - 1, "opt": {"epochs": 3}, "train_state": state, "model": torch.zeros(1)}
+            checkpoint_files.write_serialised(ckpt, [path])  # what the background writer calls
+
+        save(0, 3)  # epoch 1's periodic save: not counted (epoch 1 still draws its first batches)
+        save(1, 0)  # epoch 1 done: the first counted
+        assert events == []
+        save(1, 5)  # epoch 2's periodic save: the second
+        assert events == [("before", "epoch 2, batch 5/8", True), ("after", "epoch 2, batch 5/8")]
+        blocked = tmp_path / "a file"
+        blocked.write_text("")
+        with pytest.raises(CheckpointWriteError):
+            save(2, 0, path=blocked / "last.pt")  # a write that fails (its directory is a file)
+        save(3, 0)  # epoch 3 done: the final one, never counted
+        assert events[2:] == [("failed", "CheckpointWriteError"), ("before the final save", "the end of epoch 3")]
+        assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 2  # the saves themselves are the real ones
+    finally:
+        checkpoint_files.write_serialised = hook.original
+
+
+def test_an_incomplete_table_fails_the_benchmarks_own_check():
     faults = faults_module()
-    last, acted = tmp_path / "last.pt", []
-    trigger = faults.SavedOnDisk(lambda proc: acted.append(proc), last)
-
-    def save(epoch: int, batch: int) -> None:  # a checkpoint as the run writes it: epoch at the top = last one done
-        state = TrainState(epoch=epoch, batch=batch, batches=8, batch_size=8, world_size=2)
-        save_checkpoint({"epoch": epoch - 1, "train_state": state.as_dict(), "model": torch.zeros(1)}, last)
-
-    trigger("1/3 ... 2/8 25%", None)  # no file yet
-    for epoch, batch in ((0, 5), (1, 0)):  # epoch 1's periodic save, then epoch 1 done: not yet
-        save(epoch, batch)
-        trigger("a line whatever its words", None)
-    assert acted == [] and trigger.at is None
-    save(1, 3)  # epoch 2, batch 3: any mid-epoch save of epoch 2, whatever batch it fell on
-    trigger("2/3 ... 4/8 50%", "job")
-    assert acted == ["job"] and trigger.saved == "epoch 2, batch 3/8" and trigger.reached == (2, 4)
-    save(1, 6)
-    trigger("2/3 ... 7/8 87%", "job")
-    assert acted == ["job"]  # once
+    assert faults.not_whole([{"fault": "nan", "finished": True}]) == ""
+    rows = [{"fault": "enospc", "skipped": "cannot mount a tmpfs here (needs root)"}, {"fault": "sigkill"}]
+    assert faults.not_whole(rows) == "enospc skipped (cannot mount a tmpfs here (needs root))"
 
 
 @pytest.mark.slow
@@ -93,16 +123,35 @@ def test_the_fault_benchmark_runs_and_its_rows_hold(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
-def test_a_truncation_whose_moment_never_comes_is_reported_not_injected_and_the_table_printed(tmp_path):
-    # one epoch: there is no epoch 2 to save in; the job finishes, and its final last.pt must not be cut and read
+def test_a_truncation_whose_moment_never_comes_is_reported_not_injected_and_fails_the_benchmark(tmp_path):
+    # one epoch: no save from epoch 2 on, after which there is nothing to kill; the job finishes, its final last.pt
+    # is not cut, and the benchmark exits 1: its table is not whole
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(FAULTS), "--faults", "truncated", "--epochs", "1",
+    command = [sys.executable, str(FAULTS), "--faults", "truncated", "--epochs", "1", "--save-interval", "0",
                "--dir", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=580)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     (truncated,) = json.loads((tmp_path / "faults.json").read_text())
-    assert truncated == {
-        "fault": "truncated",
-        "not_injected": "no save from the middle of epoch 2 or later reached the disk before the job ended",
-    }, truncated
+    why = "rank 0 never had a second save from epoch 2 on that is not its last: the job ended first"
+    assert truncated == {"fault": "truncated", "not_injected": why}, truncated
     assert "| truncated | not injected: " in done.stdout and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().endswith(f"the table is not whole: truncated not injected ({why})"), done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_a_full_disk_at_the_last_epoch_exits_74_naming_the_checkpoint_on_disk_and_the_resume_finishes(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the row mounts a tmpfs to fill up: needs root")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(FAULTS), "--faults", "enospc-final", "--epochs", "2", "--dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=880)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "faults.json").read_text())
+    assert row["injected"].startswith("fault_inject: filled the disk") and "before the final save" in row["injected"]
+    assert row["worker_exit"] == 74 and row["first_exit"] != 0, row
+    last = tmp_path / "runs" / "tmpfs-enospc-final" / "enospc-final" / "weights" / "last.pt"
+    assert row["last_line"].startswith(f"training ended after epoch 2 but could not save {last} "), row
+    assert f"python train.py --resume {last} continues from " in row["last_line"], row
+    assert row["finished"] and row["weights"] == "equal", row  # freed, resumed as the line said: the same weights

@@ -156,6 +156,7 @@ def test_a_rank_stopped_with_sigstop_is_named_and_the_restarted_job_finishes_eve
     finished = time.monotonic()
     assert stopped and result.returncode == 0, describe([result])
     assert re.search(r"rank 1 stalled: no progress for \d+ s", result.stderr), describe([result])
+    assert "main thread is at" not in result.stderr, describe([result])  # one clear message: rank 0 only waited
     assert "resuming" in result.stderr, describe([result])
     assert [r["epoch"] for r in results(tmp_path / "stall")] == [0.0, 1.0, 2.0]  # every epoch once
     assert finished - stopped["at"] < 300, finished - stopped["at"]

@@ -1,8 +1,8 @@
 """Every fault a long run meets, injected into a real 2-process torchrun job: does the job finish, every epoch once,
 and what did it lose?
 
-    python benchmarks/faults/faults.py [--faults sigterm sigterm-val sigkill sigstop worker-kill enospc nan truncated]
-        [--epochs 3] [--save-interval 0.01] [--dir DIR]
+    python benchmarks/faults/faults.py [--faults sigterm sigterm-val sigkill sigstop worker-kill enospc enospc-final
+        nan truncated] [--epochs 3] [--save-interval 0.01] [--dir DIR]
 
 The job: ``torchrun --nproc_per_node 2 --max-restarts 3 train.py`` (gloo, CPU), yolov5n on 64 synthetic images
 at 128 px, 8 images a step (4 per process), one optimizer step per batch, ``--workers 1``, a periodic save every
@@ -15,15 +15,23 @@ watchdog at its default bound (120 s). First the same job uninterrupted, then on
 - ``sigstop``: rank 1 stopped (SIGSTOP) in epoch 2, a rank that hangs: the watchdog names it and ends the others
   (exit 75), torchrun kills the stopped one (after its 30 s grace) and restarts.
 - ``worker-kill``: one of rank 0's data-loader workers killed (SIGKILL) in epoch 2.
-- ``enospc``: the run directory on a small tmpfs (mounted here; needs root), filled up after the first periodic
-  save, emptied again once a save has failed: a real "No space left on device" in a background write.
-- ``nan``: rank 1's loss made NaN at one step of epoch 2 (``benchmarks/faults/fault_inject.py``).
-- ``truncated``: rank 0 killed in epoch 2 after a periodic save (no restart), its last.pt cut to half; the job
-  started again with ``--resume`` says in one line what to do; the benchmark does it, and resumes.
+- ``enospc``: the run directory on a small tmpfs (mounted here; needs root), filled up just before rank 0's save
+  at the end of epoch 1, emptied again once that save has failed: a real "No space left on device" in a background
+  write, and training goes on (needs 2 epochs: the failed save is not the last one).
+- ``enospc-final``: the same tmpfs filled up just before the run's final save, and left full (no restart): the
+  job must end with a non-zero exit and a last line naming the checkpoint on disk and where ``--resume``
+  continues; the benchmark frees the disk and does what that line says.
+- ``nan``: rank 1's loss made NaN at one step of epoch 2.
+- ``truncated``: rank 0 killed (no restart) the moment its second save from epoch 2 on is on disk (the end of epoch
+  1 is the first), its last.pt then cut to half (a copy cut short put in its place: a best.pt that shares its bytes
+  stays whole); the job started again with ``--resume`` says in one line what to do; the benchmark does it, and
+  resumes.
 
-A save is seen in the file on disk (:class:`SavedOnDisk`), not in the log's wording. A fault whose moment never
-comes (the job finished first: a fast host, few epochs) is reported as not injected; a fault that fails the
-benchmark itself is reported as failed: the table is printed whatever one row does.
+The faults tied to a save (``enospc``, ``enospc-final``, ``truncated``) and the NaN are injected inside the job by
+``benchmarks/faults/fault_inject.py``, counting rank 0's saves as they land: they come at the same point of the
+run on any host, however fast. A fault whose moment never comes (the job finished first) is reported as not
+injected, a fault that fails the benchmark itself as failed; the table is printed whatever one row does, and the
+benchmark then exits 1 when a row was not injected (or skipped, or failed): its table is not whole.
 
 Columns: how long after the fault the job said so (its first line about it); the optimizer steps trained
 twice (trained before the fault, after the position it resumed from); whether it finished with every epoch in
@@ -60,9 +68,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils.data import make_shapes_dataset  # noqa: E402
-from ddp_utils.run import CheckpointError, TrainState, load_checkpoint  # noqa: E402
+from ddp_utils.run import CheckpointError, load_checkpoint  # noqa: E402
 
-FAULTS = ("sigterm", "sigterm-val", "sigkill", "sigstop", "worker-kill", "enospc", "nan", "truncated")
+FAULTS = ("sigterm", "sigterm-val", "sigkill", "sigstop", "worker-kill", "enospc", "enospc-final", "nan", "truncated")
+INJECT = REPO_ROOT / "benchmarks" / "faults" / "fault_inject.py"
+INJECTED = re.compile(r"^fault_inject: ")  # the line the injector prints when it acts
+EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")  # torchrun's report of a worker's exit
 NB = 8  # batches (= optimizer steps) per epoch: 64 images, 8 per step
 STEP_LINE = re.compile(r"^(\d+)/\d+ .* (\d+)/(\d+) \d+%")  # rank 0's plain progress line after each step
 VAL_LINE = re.compile(r"^val 1/\d+ ")
@@ -74,6 +85,7 @@ USER_LINE = {  # the first line that says what happened, per fault
     "sigstop": re.compile(r"rank \d+ stalled: "),
     "worker-kill": re.compile(r"DataLoader worker .*(killed|exited)|worker .*killed"),
     "enospc": re.compile(r"could not save checkpoint .*No space left on device"),
+    "enospc-final": re.compile(r"training ended after epoch \d+ but could not save "),
     "nan": re.compile(r"optimizer step\(s\) skipped \(non-finite gradients\)"),
     "truncated": re.compile(r"the checkpoint is damaged"),
 }
@@ -209,17 +221,14 @@ class At:
             self.act(proc)
 
 
-class SavedOnDisk:
-    """An ``on_line`` that acts once, when ``last`` on disk holds a save from the middle of ``epoch`` (from 1) or a
-    later one: the run's real save points, read from the file itself (written atomically: whole when there),
-    whatever the log says about them. Checked at each output line (rank 0 prints one per step)."""
+class Injected:
+    """An ``on_line`` that notes when the injector said it acted (its ``fault_inject:`` line), and where rank 0's
+    progress stood then (as :class:`At`'s ``reached``)."""
 
-    def __init__(self, act: Callable[[subprocess.Popen], None], last: Path, epoch: int = 2) -> None:
-        self.act, self.last, self.epoch = act, last, epoch
+    def __init__(self) -> None:
         self.at: float | None = None
-        self.reached = (0, 0)  # as At's
-        self.saved = ""  # where the save it acted on stands, as TrainState.where() says
-        self._seen: int | None = None
+        self.line = ""
+        self.reached = (0, 0)
 
     def __call__(self, line: str, proc: subprocess.Popen) -> None:
         if self.at is not None:
@@ -227,20 +236,8 @@ class SavedOnDisk:
         step = STEP_LINE.match(line)
         if step:
             self.reached = (int(step.group(1)), int(step.group(2)))
-        try:
-            stamp = self.last.stat().st_mtime_ns
-        except OSError:
-            return
-        if stamp == self._seen:
-            return
-        self._seen = stamp
-        try:
-            state = TrainState.from_checkpoint(load_checkpoint(self.last))
-        except (CheckpointError, OSError):
-            return
-        if state.epoch + 1 >= self.epoch and state.batch > 0:
-            self.at, self.saved = time.monotonic(), state.where()
-            self.act(proc)
+        elif INJECTED.match(line):
+            self.at, self.line = time.monotonic(), line.strip()
 
 
 def not_injected(name: str, why: str) -> dict:
@@ -309,7 +306,7 @@ def fault_sigterm(s: Setup, out: Path, name: str, val: bool) -> dict:
     if act.at is None:
         return not_injected(name, "the job finished before its moment came")
     last = out / name / "weights" / "last.pt"
-    second = run_job(s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)]), s.env, 600, lambda *a: None)
+    second = run_job(s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)]), s.env, 600, noop)
     return describe(name, first, second, act.at, act.reached, out / name, s)
 
 
@@ -324,42 +321,45 @@ def fault_restart(s: Setup, out: Path, name: str, act: At, timeout: float = 900)
 
 
 def fault_enospc(s: Setup, out: Path, name: str) -> dict:
-    mount = out / "tmpfs"
+    final = name == "enospc-final"
+    if not final and s.epochs < 2:
+        return not_injected(name, "1 epoch: its only save is the last one (needs 2 epochs)")
+    mount = out / f"tmpfs-{name}"
     mount.mkdir(exist_ok=True)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(mount)], capture_output=True).returncode:
         return {"fault": name, "skipped": "cannot mount a tmpfs here (needs root)"}
-    filler = mount / "filler"
-    state: dict[str, float] = {}
-
-    def fill(proc: subprocess.Popen) -> None:
-        with contextlib.suppress(OSError), open(filler, "wb") as f:  # fill the disk up to the last byte
-            while True:
-                f.write(b"\0" * 2**20)
-
-    saved = SavedOnDisk(fill, mount / name / "weights" / "last.pt")  # after epoch 2's first periodic save
-
-    def on_line(line: str, proc: subprocess.Popen) -> None:
-        if saved.at is None:
-            saved(line, proc)
-        elif "freed" not in state and USER_LINE[name].search(line):
-            filler.unlink(missing_ok=True)
-            state["freed"] = time.monotonic()
-
+    filler, injected, resumed = mount / "filler", Injected(), None
+    when = ["--fill-before-final"] if final else ["--fill-before-save", "1"]
+    wrapper = [str(INJECT), *when, "--filler", str(filler), "--"]
     try:
-        job = run_job(s.job(mount, name), s.env, 600, on_line)
+        job = run_job(s.job(mount, name, wrapper=wrapper, restarts=0 if final else 3), s.env, 600, injected)
+        if final and injected.at is not None:  # free the disk, then do what the last line says
+            filler.unlink(missing_ok=True)
+            last = mount / name / "weights" / "last.pt"
+            resumed = run_job(s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)]), s.env, 600, noop)
         shutil.copytree(mount / name, out / name)
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-    if saved.at is None:
-        return not_injected(name, "no save of epoch 2 reached the disk before the job finished")
-    return describe(name, job, None, saved.at, (0, 0), out / name, s)
+    if injected.at is None:
+        return not_injected(name, "the injector never acted: rank 0's save never reached the disk")
+    record = describe(name, job, resumed, injected.at, injected.reached, out / name, s)
+    record["injected"] = injected.line
+    if final:
+        worker = next((m for _, line in job.lines if (m := EXITCODE.search(line))), None)
+        said = job.first(USER_LINE[name])
+        last_line = said[1].split("train.py: error: ", 1)[-1].strip() if said else ""
+        record.update(first_exit=job.returncode, worker_exit=int(worker[1]) if worker else None, last_line=last_line)
+    return record
+
+
+def noop(line: str, proc: subprocess.Popen) -> None:
+    """An ``on_line`` that does nothing."""
 
 
 def fault_nan(s: Setup, out: Path, name: str) -> dict:
-    inject = REPO_ROOT / "benchmarks" / "faults" / "fault_inject.py"
-    wrapper = [str(inject), "--nan-at", str(NB + 3), "--nan-rank", "1", "--"]
+    wrapper = [str(INJECT), "--nan-at", str(NB + 3), "--nan-rank", "1", "--"]
     start = time.monotonic()
-    job = run_job(s.job(out, name, wrapper=wrapper), s.env, 600, lambda *a: None)
+    job = run_job(s.job(out, name, wrapper=wrapper), s.env, 600, noop)
     step = next(
         (t for t, line in job.lines if (m := STEP_LINE.match(line)) and (int(m[1]), int(m[2])) == (2, 4)), start
     )
@@ -367,25 +367,25 @@ def fault_nan(s: Setup, out: Path, name: str) -> dict:
 
 
 def fault_truncated(s: Setup, out: Path, name: str) -> dict:
-    last = out / name / "weights" / "last.pt"
-    act = SavedOnDisk(signal_rank(0, signal.SIGKILL), last)  # a periodic save of epoch 2 (or later) on disk
-    first = run_job(s.job(out, name, restarts=0), s.env, 600, act)
-    if act.at is None:
-        return not_injected(name, "no save from the middle of epoch 2 or later reached the disk before the job ended")
-    if first.returncode == 0:
-        return not_injected(name, f"the job finished before rank 0 was killed (after its save at {act.saved})")
-    data = last.read_bytes()
-    last.write_bytes(data[: len(data) // 2])  # the storage cut the file short
+    last, injected = out / name / "weights" / "last.pt", Injected()
+    wrapper = [str(INJECT), "--kill-after-save", "2", "--"]  # the moment its 2nd save from epoch 2 on is on disk
+    first = run_job(s.job(out, name, restarts=0, wrapper=wrapper), s.env, 600, injected)
+    if injected.at is None:
+        why = "rank 0 never had a second save from epoch 2 on that is not its last: the job ended first"
+        return not_injected(name, why)
+    data, cut = last.read_bytes(), last.with_name("last.pt.cut")
+    cut.write_bytes(data[: len(data) // 2])  # the storage cut the file short (a best.pt linked to it stays whole)
+    os.replace(cut, last)
     at = time.monotonic()
     resume = s.torchrun([str(REPO_ROOT / "train.py"), "--resume", str(last)])
-    refused = run_job(resume, s.env, 600, lambda *a: None)
+    refused = run_job(resume, s.env, 600, noop)
     advice = next((line for _, line in refused.lines if "continue from it with" in line), "")
     commands = re.search(r"with `([^`]+)` then", advice)
     if commands:
         subprocess.run(["sh", "-c", commands.group(1)], check=True)
-    finished = run_job(resume, s.env, 600, lambda *a: None)
-    record = describe(name, refused, finished, at, act.reached, out / name, s)
-    record.update(first_exit=first.returncode, refused_exit=refused.returncode, killed_after_save_at=act.saved)
+    finished = run_job(resume, s.env, 600, noop)
+    record = describe(name, refused, finished, at, injected.reached, out / name, s)
+    record.update(first_exit=first.returncode, refused_exit=refused.returncode, injected=injected.line)
     return record
 
 
@@ -437,7 +437,7 @@ def inject(name: str, s: Setup, out: Path) -> dict:
         return fault_restart(s, out, name, At(signal_rank(1, signal.SIGSTOP), batch=3))
     if name == "worker-kill":
         return fault_restart(s, out, name, At(kill_loader_worker, batch=3))
-    if name == "enospc":
+    if name in ("enospc", "enospc-final"):
         return fault_enospc(s, out, name)
     if name == "nan":
         return fault_nan(s, out, name)
@@ -473,13 +473,29 @@ def main() -> None:
     LOGS.append(root / "logs")
     LOGS[0].mkdir(exist_ok=True)
     out = root / "runs"
-    reference = run_job(s.job(out, "reference"), s.env, 900, lambda *a: None)
+    reference = run_job(s.job(out, "reference"), s.env, 900, noop)
     if reference.returncode != 0:
         sys.exit("the uninterrupted job failed:\n" + "\n".join(line for _, line in reference.lines[-30:]))
     records = run_faults(opt.faults, lambda name: inject(name, s, out), root / "faults.json")
     print(f"\n2 processes (gloo, CPU), yolov5n, {NB} steps an epoch, {opt.epochs} epochs, --save-interval "
           f"{opt.save_interval} min, --max-restarts 3, the watchdog's default bound; runs in {root}\n")  # fmt: skip
     print(table(records))
+    missing = not_whole(records)
+    if missing:
+        sys.exit(f"\nthe table is not whole: {missing}")
+
+
+def not_whole(records: list[dict]) -> str:
+    """The rows that were not injected, skipped or failed, in words; empty when every row was injected.
+
+    Examples:
+        >>> not_whole([{"fault": "nan", "finished": True}, {"fault": "truncated", "not_injected": "no save"}])
+        'truncated not injected (no save)'
+    """
+    kinds = ("not_injected", "skipped", "failed")
+    return "; ".join(
+        f"{r['fault']} {kind.replace('_', ' ')} ({r[kind]})" for r in records for kind in kinds if kind in r
+    )
 
 
 if __name__ == "__main__":

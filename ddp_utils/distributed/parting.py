@@ -1,5 +1,6 @@
-"""How ranks part once the stall watchdog ends the job: each prints where its main thread is, they acknowledge the
-verdict and leave in order, and each exits with the restart's code, whatever its main thread does meanwhile.
+"""How ranks part once the stall watchdog ends the job: a stalled rank that still runs prints where its main thread
+is, they acknowledge the verdict and leave in order, and each exits with the restart's code, whatever its main
+thread does meanwhile.
 
 All of it runs on the watchdog's thread (:mod:`.watchdog`), never on the main thread, which may be stuck in a
 read, in a collective, or inside a write that holds sys.stderr's lock: output goes straight to file descriptor
@@ -70,7 +71,7 @@ def part_in_order(
 
     No rank leaves before every live rank has acknowledged: a rank that leaves closes the collective
     the others wait in, and a rank whose watchdog had not yet read the verdict would end with that
-    error (exit code 1) instead of the restart's. So the decider has every live rank's stack before it
+    error (exit code 1) instead of the restart's. So the decider has the stalled rank's stack before it
     says why. Rank 0 (the store's host under env://) leaves last, so that no rank's last call meets a
     closed store. Waits at most ``grace`` seconds; a lost store ends the waiting.
     """
@@ -91,7 +92,8 @@ def part_in_order(
 
 
 def part_after_verdict(verdict: dict[str, Any], rank: int, main: int, parting: tuple, restart: str) -> NoReturn:
-    """Every live rank, once a ``verdict`` is stored: print the main thread's stack, part in order, exit for a restart.
+    """Every live rank, once a ``verdict`` is stored: a stalled rank prints its main thread's stack (where it is
+    stuck; a rank that only waited for it has nothing to add), then all part in order and exit for a restart.
 
     Args:
         verdict: the stored verdict: ``by`` (the decider), ``stalled``, ``lines``, ``live`` and ``who`` (each
@@ -105,8 +107,8 @@ def part_after_verdict(verdict: dict[str, Any], rank: int, main: int, parting: t
     who = {int(other): where for other, where in verdict.get("who", {}).items()}
     named = ", ".join(f"{other}{identity_words(who.get(other))}" for other in stalled)
     named = f"rank{'s' if len(stalled) > 1 else ''} {named}"
-    about = "this rank is the one stalled" if rank in stalled else f"{named} stalled"
-    show_main_thread(main, f"stall watchdog: {about}; this rank's main thread is at:", rank)
+    if rank in stalled:
+        show_main_thread(main, "stall watchdog: this rank is the one stalled; this rank's main thread is at:", rank)
     link, verdict_key, grace = parting
     deciding = verdict["by"] == rank
     part_in_order(link, rank, verdict_key, deciding, verdict["live"], grace)

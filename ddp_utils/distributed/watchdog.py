@@ -4,8 +4,9 @@ Without it, a rank that stops (a stuck file read, a process stopped with SIGSTOP
 every other rank in a collective for DDP_UTILS_DIST_TIMEOUT (30 minutes), and the job ends in torch's
 timeout errors. With it, each rank's main thread marks its progress (:meth:`StallWatchdog.progress`:
 a counter and a clock reading, no lock, no I/O) and a daemon thread per rank publishes it to the
-group's c10d store and judges everyone's. When a rank stalls, every live rank prints its main thread's
-stack, the rank that decided prints one line naming the stalled rank, and every live rank exits with
+group's c10d store and judges everyone's. When a rank stalls, the rank that decided prints one line naming
+it (a stalled rank that still runs, stuck in Python or a read, prints its main thread's stack first: where it
+is stuck; the ranks that only waited for it print no stack), and every live rank exits with
 :data:`STALL_EXIT_CODE`, so that the launcher restarts the job (torchrun ``--max-restarts``, a SLURM
 requeue) and it resumes from its last save.
 
@@ -30,8 +31,8 @@ requeue) and it resumes from its last save.
   :mod:`.store`): the thread keeps a private connection and a deadline of its own
   (``store_timeout``); losing the store ends the rank the same way, and says so.
 - **Ending.** The first rank to decide stores its verdict (compare-and-set: exactly one wins), naming
-  the host, local rank and pid each rank published at start; every live rank prints its stack and
-  acknowledges, none leaving before all have; then the decider prints the blame line, the others a
+  the host, local rank and pid each rank published at start; a stalled rank that still runs prints its stack;
+  every live rank acknowledges, none leaving before all have; then the decider prints the blame line, the others a
   "stopping" line, each leaves it in torchrun's error file and ``os._exit`` s (see :mod:`.parting`).
 - **Finishing.** A rank done with its work keeps watching until every rank is done: a rank that
   stops after the others finished (no collective left to hold them) is still named, and the job ends.
@@ -59,7 +60,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 from ..log import LOGGER
 from .env import dist_info
 from .group import get_rank, get_world_size, is_dist_initialized
-from .parting import exit_for_restart, hold_the_exit, part_after_verdict, show_main_thread
+from .parting import exit_for_restart, hold_the_exit, part_after_verdict
 from .stall import (
     DEFAULT_STARTUP_TIMEOUT_S,
     STALL_EXIT_CODE,
@@ -103,7 +104,7 @@ class Tracked(Generic[T]):
 
 
 class StallWatchdog:
-    """Name a rank that stops making progress, print every rank's stack, end the job for a restart.
+    """Name a rank that stops making progress (with its stack, when it still runs), end the job for a restart.
 
     Args:
         timeout: seconds a rank may go without progress in steady state; None reads
@@ -431,8 +432,7 @@ class StallWatchdog:
             "stopped or died (rank 0 hosts it under a plain env:// launch, the torchrun agent under torchrun), "
             "so no rank can be told of a stall; stopping this rank"
         )
-        self._hold_the_exit()
-        show_main_thread(self._main, "stall watchdog: lost the store; this rank's main thread is at:", self.rank)
+        self._hold_the_exit()  # one line: this rank only waited, its stack would say nothing of the cause
         exit_for_restart([line], line, STALL_EXIT_CODE)
 
     def _hold_the_exit(self) -> None:

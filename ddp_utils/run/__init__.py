@@ -20,7 +20,7 @@ What lives where, in the order a run meets it:
   ``early_stop.py`` (:class:`EarlyStopping`, :func:`is_new_best`), ``saves.py`` (``RunSaves``: the epoch's,
   the periodic and the stop's saves), ``control.py`` (:class:`StepControl`: per step go on / save / stop, the
   same on every rank, from ``signals.py``'s :class:`PreemptionHandler`, the save clock and the non-finite
-  counts), and the stall watchdog.
+  counts), and the stall watchdog; ``interrupt.py``: Ctrl-C, owned by train.py to the process's end.
 - ``epochs.py``: an epoch's end (step the schedule, judge, record, report, save, in that order) and the
   run's (``finish_training``).
 - ``report.py``: the epoch line and its parser, the first batches' plots, the finished run's last words;

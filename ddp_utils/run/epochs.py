@@ -24,7 +24,8 @@ from ..yolo.metrics import class_maps, fitness
 from .early_stop import is_new_best
 from .loggers import results_values
 from .records import Records
-from .report import epoch_line, epoch_notes, finish_run
+from .report import epoch_line, epoch_notes, epoch_speed, finish_run
+from .saves import SaveFailed
 from .start import Run
 from .training import Training
 
@@ -52,11 +53,12 @@ def end_epoch(
         step.last_opt_step, records.stopper, metrics, val_loss, _class_maps(run, fit, metrics), control.skipped
     )
     records.logger.log(epoch, results_values(train_loss, metrics, val_loss, lrs, control.epoch_skipped))
-    line = epoch_line(epoch, run.epochs, train_loss, metrics, stats.speed(info.world_size))
+    line = epoch_line(epoch, run.epochs, train_loss, metrics, epoch_speed(stats, info.world_size))
     LOGGER.info(line + epoch_notes(epoch, stats, control.epoch_skipped))
     stop = control.stop_anywhere() or stop  # a signal during the validation's last moments
-    if not run.opt.nosave or fit.state.epoch == run.epochs or stop:
-        records.saves.save(fit, best=best)
+    final = fit.state.epoch == run.epochs or stop  # no save follows this one
+    if not run.opt.nosave or final:
+        records.saves.save(fit, best=best, final=final)
     return stop
 
 
@@ -69,16 +71,24 @@ def _class_maps(run: Run, fit: Training, metrics: Any) -> Any:
 def finish_training(run: Run, fit: Training, records: Records, info: DistInfo) -> str | None:
     """After the epochs, outside ``with records``: a finished run's last words (rank 0 strips the optimizer from
     best.pt and last.pt and draws the curves; the trackers get the weights), then the logger closes, its runs
-    FINISHED or, for a stopped run, left to be resumed.
+    FINISHED or, for a stopped run or one whose last save failed, left to be resumed; the loaders' workers end.
 
     Returns:
         why the run stopped early (``"signal"``, ...: :attr:`~ddp_utils.run.control.StepControl.reason`), or None.
+
+    Raises:
+        SaveFailed: the final or stop save did not reach the disk (every rank alike); the message says which
+            checkpoint is on disk and where ``--resume`` continues. Nothing says "done".
     """
-    stopped = records.control.reason is not None
-    if info.is_main and not stopped:
+    stopped, failed = records.control.reason is not None, records.saves.failed
+    if info.is_main and not stopped and failed is None:
         finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not run.opt.noplots)
         records.logger.log_weights([records.saves.checkpoints.best, records.saves.checkpoints.last])
-    records.logger.close(finished=not stopped)
+    records.logger.close(finished=not stopped and failed is None)
+    for loader in (fit.train_loader, fit.val_loader):  # now, while Ctrl-C still says what the run left
+        getattr(loader, "close", lambda: None)()
+    if failed is not None:
+        raise SaveFailed(failed)
     return records.control.reason
 
 

@@ -18,6 +18,7 @@ from ..log import LOGGER
 from .checkpoint import Checkpointer
 from .control import StepControl
 from .early_stop import EarlyStopping
+from .interrupt import ctrl_c_owner
 from .loggers import ResultsLogger
 from .options import control_settings
 from .plots import plot_labels
@@ -57,6 +58,9 @@ class Records:
             for part in (self.watchdog, self.logger, self.control):
                 stack.enter_context(part)
             self._open = stack.pop_all()
+        owner = ctrl_c_owner()
+        if owner is not None:  # a Ctrl-C that stops the process at once says what these saves left, to its end
+            owner.describe_writes(self.saves.at_once_words)
         return self
 
     def __exit__(self, *exc: Any) -> bool:
@@ -65,11 +69,12 @@ class Records:
     def finish_writes(self, fit: Training, stats: Any) -> None:
         """At the end of the epochs, still inside ``with records``: where training stopped (a signal, steps that
         stayed non-finite) saved to last.pt with the batch it stopped at (``stats``: the unfinished epoch's, or
-        None), then every write of rank 0 waited for, so nothing is lost when the process ends; the other ranks
-        wait for rank 0 at the watchdog's end."""
+        None), then every write of rank 0 waited for, so nothing is lost when the process ends. A final or stop
+        save that did not land is ``saves.failed``, the same on every rank."""
         if self.control.reason is not None:
             self.saves.stop(fit, stats)
-        self.saves.wait()
+        else:
+            self.saves.finish(fit)
 
 
 def summary_line(run: Run, world_size: int, accumulate: int, images: int) -> str:

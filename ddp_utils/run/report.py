@@ -49,6 +49,21 @@ def epoch_line(epoch: int, epochs: int, train_loss: torch.Tensor, metrics: Mappi
     )
 
 
+def epoch_speed(stats: Any, world_size: int = 1) -> str:
+    """The epoch line's speed (:meth:`~ddp_utils.engine.EpochStats.speed`), or, for a resumed epoch whose every
+    batch was trained before the stop (a stop during its validation), that it has no speed of its own here.
+
+    Examples:
+        >>> import torch
+        >>> from ddp_utils.engine import EpochStats
+        >>> epoch_speed(EpochStats(torch.zeros(3), batch=8, images=64, seconds=2.0))
+        '32.0 img/s, data wait 0.0%'
+        >>> epoch_speed(EpochStats(torch.zeros(3), batch=8, start=8))
+        'every batch trained before the stop'
+    """
+    return stats.speed(world_size) if stats.images else "every batch trained before the stop"
+
+
 def epoch_notes(epoch: int, stats: Any, skipped: int) -> str:
     """What the epoch line adds after its speed: a resumed epoch's first batch, steps skipped as non-finite.
 
@@ -105,4 +120,12 @@ def finish_run(save_dir: str | Path, metrics: Mapping[str, float], epochs_done: 
     )
 
 
-__all__ = ["EPOCH_LINE", "epoch_line", "epoch_notes", "finish_run", "first_batches_plotter", "parse_epoch_lines"]
+__all__ = [
+    "EPOCH_LINE",
+    "epoch_line",
+    "epoch_notes",
+    "epoch_speed",
+    "finish_run",
+    "first_batches_plotter",
+    "parse_epoch_lines",
+]

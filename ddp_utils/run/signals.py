@@ -6,15 +6,17 @@ Killed in the middle of a step, a run loses everything since its last checkpoint
 through :class:`~ddp_utils.run.control.StepControl`'s per-step all-reduce (read one step later,
 so the step never waits), rank 0 saves ``last.pt`` and all ranks leave the loop together and exit cleanly.
 
-A second delivery of the same signal gives it back its previous behaviour (for SIGTERM
-and SIGINT by default: terminate), so a second Ctrl-C still stops a stuck run, even when both
-arrive during one long step: Python runs a handler once for deliveries that come before it gets
-to run, so the handler counts them from a wakeup file descriptor, which receives a byte per
-delivery (:func:`signal.set_wakeup_fd`). A repeat
-within :attr:`PreemptionHandler.repeat_window` seconds (SIGINT excepted) is the same request
-sent twice: SLURM signals every process of a job step and torchrun passes the signal on to
-its workers, so under ``train_torchrun.sbatch`` a ``scancel`` reaches each worker twice within
-milliseconds, and the second one would kill it before last.pt is saved.
+A second delivery of the same signal gives it back its previous behaviour (for SIGTERM: terminate).
+Ctrl-C is the process's, where it has an owner (:func:`~ddp_utils.run.interrupt.own_ctrl_c`: train.py): the
+handler then listens to the owner, whose second press stops the process at once, in one line, with exit code
+130. Without an owner (a library's host program) a second Ctrl-C gets Python's own behaviour back, even when
+both arrive during one long step: Python runs a handler once for deliveries that come before it gets to run,
+so the handler counts them from a wakeup file descriptor, which receives a byte per delivery
+(:func:`signal.set_wakeup_fd`). A repeat within :attr:`PreemptionHandler.repeat_window` seconds (SIGINT
+excepted) is the same request sent twice: SLURM signals every process of a job step and torchrun passes the
+signal on to its workers, so under ``train_torchrun.sbatch`` a ``scancel`` reaches each worker twice within
+milliseconds, and the second one would kill it before last.pt is saved. A forked child (a data-loader worker
+between its fork and its own handlers) that receives the signal leaves it to its parent, and says nothing.
 
 Requeue signals (SLURM's ``#SBATCH --signal=USR1@90``, see :func:`requeue_signal`) stop the
 loop the same way and also ask for the job to be requeued: after rank 0 saved ``last.pt``,
@@ -38,6 +40,7 @@ from typing import Any
 
 from ..distributed import any_rank, dist_info, slurm_job_id
 from ..log import LOGGER
+from .interrupt import ctrl_c_owner
 
 
 class PreemptionHandler:
@@ -72,16 +75,23 @@ class PreemptionHandler:
         self.requeue = False
         self._previous: dict[int, Any] = {}
         self._wakeup: tuple[int, int, int] | None = None  # (read end, write end, the previous wakeup fd)
+        self._pid = os.getpid()  # the process that installed it: a forked child's deliveries are its parent's
+        self._owner: Any = None  # the process's Ctrl-C owner, while listening to it
 
     def __enter__(self) -> PreemptionHandler:
         if threading.current_thread() is not threading.main_thread():
             # Python delivers signals to the main thread only; a handler cannot be set from here
             LOGGER.warning("PreemptionHandler: not in the main thread, so signals keep their default behaviour")
             return self
+        self._pid, owner = os.getpid(), ctrl_c_owner()
         for sig in self.signals:
+            if sig == signal.SIGINT and owner is not None:  # Ctrl-C is the process's: listen to its owner
+                self._owner = owner
+                owner.listen(self._ctrl_c)
+                continue
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._handle)
-        if signal.SIGINT in self.signals:
+        if signal.SIGINT in self._previous:
             read_end, write_end = os.pipe()
             os.set_blocking(read_end, False)
             os.set_blocking(write_end, False)
@@ -99,6 +109,9 @@ class PreemptionHandler:
 
     def restore(self) -> None:
         """Put the previous handlers back (done on exit of the ``with`` block)."""
+        if self._owner is not None:
+            self._owner.unlisten(self._ctrl_c)  # a press from now on stops the process at once
+            self._owner = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
@@ -119,7 +132,17 @@ class PreemptionHandler:
                 seen += chunk
         return max(seen.count(bytes([signum])), 1)
 
+    def _ctrl_c(self) -> None:
+        """The owner's first press (in its thread): stop after this step, as for SIGTERM."""
+        if self.received is None:
+            self.received, self._received_at = signal.SIGINT, time.monotonic()
+        LOGGER.warning(
+            "received SIGINT: finishing this step, then saving and stopping (press Ctrl-C again to stop at once)"
+        )
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child (a loader worker before its own handlers): the signal is its parent's to act on
         if signum in self.requeue_signals:
             if not self.requeue:
                 self.requeue = True
@@ -203,7 +226,9 @@ def requeue_signal(name: str | None = None, environ: Mapping[str, str] | None = 
         ) from None
 
 
-def requeue_job(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> bool:
+def requeue_job(
+    environ: Mapping[str, str] | None = None, timeout: float = 60.0, restarts_from: str = "the saved last.pt"
+) -> bool:
     """Ask SLURM to requeue this job: ``scontrol requeue JOBID`` (rank 0 only; a no-op elsewhere).
 
     The job keeps its id and SLURM_RESTART_COUNT grows by one, which makes the restarted
@@ -213,6 +238,7 @@ def requeue_job(environ: Mapping[str, str] | None = None, timeout: float = 60.0)
     Args:
         environ: the environment to read; ``os.environ`` when None.
         timeout: seconds to wait for ``scontrol``.
+        restarts_from: what the restarted job resumes, for the log line (the caller saved it: call this only then).
 
     Returns:
         True when ``scontrol`` accepted the request.
@@ -243,5 +269,5 @@ def requeue_job(environ: Mapping[str, str] | None = None, timeout: float = 60.0)
             + (f": {reason[-1]}" if reason else "")
         )
         return False
-    LOGGER.info(f"requeued SLURM job {job_id}: it restarts from the saved last.pt")
+    LOGGER.info(f"requeued SLURM job {job_id}: it restarts from {restarts_from}")
     return True

@@ -55,6 +55,11 @@ def printed_stack(worker) -> str:
     return "\n".join(line[len(prefix) :] for line in worker.stderr.splitlines() if line.startswith(prefix))
 
 
+def no_stack(worker) -> bool:
+    """Whether this worker printed no stack: a rank that only waited for the stalled one has nothing to add."""
+    return "main thread is at" not in worker.stderr and '  File "' not in worker.stderr
+
+
 def where_blamed(workers) -> list[tuple[str, int, int]]:
     """The (host, local rank, pid) of every blame line any rank printed."""
     return [(m.group(5), int(m.group(6)), int(m.group(7))) for w in workers for m in BLAME.finditer(w.stderr)]
@@ -245,10 +250,8 @@ def test_a_rank_stuck_in_a_read_is_blamed_with_its_own_stack_and_every_rank_exit
     stuck = printed_stack(workers[1])
     assert "stall watchdog: this rank is the one stalled" in stuck, output
     assert "in read_from_a_hung_mount" in stuck and "time.sleep(seconds)" in stuck, output
-    for w in (workers[0], workers[2]):
-        named = r"rank 1 on host \S+ \(local rank 1, pid \d+\) stalled"
-        assert re.search(rf"stall watchdog: {named}; this rank's main thread is at:", w.stderr), output
-        assert "dist.all_reduce(torch.ones(1))" in printed_stack(w), output  # waiting in the step's collective
+    for w in (workers[0], workers[2]):  # waiting in the step's collective: no stack of theirs, one line
+        assert no_stack(w), output
     assert sum("stall watchdog: ending every rank with exit code 75" in w.stderr for w in workers) == 1, output
     assert finished(workers) == [], output
 
@@ -272,10 +275,7 @@ def test_a_rank_waiting_in_step_controls_wait_is_classed_waiting_and_the_blame_n
     ((rank, _, phase, step, heartbeat),) = blames(workers)
     assert (rank, phase) == (1, "train") and heartbeat.startswith("its heartbeat is alive"), output
     assert where_blamed(workers) == [(socket.gethostname(), 1, record["pid"])], output
-    named = f"rank 1 on host {socket.gethostname()} (local rank 1, pid {record['pid']}) stalled"
-    for w in (workers[0], workers[2]):
-        assert f"stall watchdog: {named}; this rank's main thread is at:" in w.stderr, output
-        assert "in _settle" in printed_stack(w) and "work.wait()" in printed_stack(w), output
+    assert no_stack(workers[0]) and no_stack(workers[2]), output  # waiting: their reports said where, enough
 
 
 @pytest.mark.multiprocess
@@ -291,8 +291,8 @@ def test_a_sigstopped_rank_is_named_by_its_stopped_heartbeat_and_the_others_exit
     rank, seconds, phase, step, heartbeat = blame
     assert (rank, phase) == (1, "train") and step <= 41 and 4 <= seconds <= 9, output  # its last report's step
     assert re.match(r"its heartbeat stopped \d+ s ago: stopped \(SIGSTOP\) or hung in the kernel\?", heartbeat)
-    for w in (workers[0], workers[2]):
-        assert "dist.all_reduce(torch.ones(1))" in printed_stack(w), output
+    for w in (workers[0], workers[2]):  # the stall in one clear message: no stack (it printed 30 lines, waiting)
+        assert no_stack(w), output
     stopped_at = json.loads(workers[1].stdout.splitlines()[0])["stopped_at"]
     ended_at = started + workers[0].seconds
     print(f"SIGSTOP to exit: {ended_at - stopped_at:.1f} s with a bound of 4 s (blame line: {seconds} s)")
@@ -309,7 +309,7 @@ def test_the_store_host_stopped_ends_every_other_rank_saying_the_store_is_lost()
     assert [w.returncode for w in workers[1:]] == [STALL_EXIT_CODE] * 2, output
     for w in workers[1:]:
         assert re.search(rf"\[rank {w.rank}\] stall watchdog: lost the rendezvous store at 127\.0\.0\.1:\d+", w.stderr)
-        assert "dist.all_reduce(torch.ones(1))" in printed_stack(w), output
+        assert no_stack(w), output
 
 
 @pytest.mark.multiprocess

@@ -56,17 +56,17 @@ class Saves:
     def __init__(self, journal: list) -> None:
         self.journal = journal
 
-    def stop(self, fit, stats) -> None:
+    def stop(self, fit, stats) -> None:  # saves, then waits for every write
         self.journal.append(("stop save", stats))
 
-    def wait(self) -> None:
-        self.journal.append("wait")
+    def finish(self, fit) -> None:  # waits for every write (the final save's among them)
+        self.journal.append("wait for the final save")
 
 
 @pytest.mark.parametrize("reason", [None, "signal"])
-def test_the_writes_finish_with_a_stops_last_pt_first_and_every_write_waited_for(reason):
+def test_the_writes_finish_with_a_stops_last_pt_or_the_final_save_waited_for(reason):
     journal: list = []
     control = type("Control", (), {"reason": reason})()
     done = Records(logger=None, stopper=None, saves=Saves(journal), control=control, watchdog=None)
     done.finish_writes(fit=None, stats="the unfinished epoch")
-    assert journal == ([("stop save", "the unfinished epoch")] if reason else []) + ["wait"]
+    assert journal == ([("stop save", "the unfinished epoch")] if reason else ["wait for the final save"])

@@ -8,6 +8,7 @@ import logging
 import re
 import resource
 import signal
+import threading
 
 import pytest
 import torch
@@ -104,18 +105,84 @@ def test_a_failed_stop_save_says_where_resume_really_continues(tmp_path):
         saves.checkpoints.wait()  # on disk before the disk fills up
         with files_limited_to(1024), saves.control:
             saves.stop(fit, EpochStats(torch.zeros(3), batch=7))
-    final = log.lines[-1]
-    assert final.startswith(f"stopped at epoch 1, batch 7/12: could not save {last}"), log.lines
+    final = saves.failed  # the run's last line (train.py: exit 74), not a warning among others
+    assert final.startswith(f"stopped at epoch 1, batch 7/12: could not save {last}"), final
     assert f"python train.py --resume {last} continues from epoch 1, batch 3/12, not from here" in final, final
-    assert "saved" not in final
+    assert "saved" not in final and not any(line.startswith("stopped at") for line in log.lines), log.lines
+    assert log.lines[-1] == f"could not save checkpoint {last}: File too large; the previous {last} is intact"
     assert TrainState.from_checkpoint(load_checkpoint(last)).batch == 3  # what the line says is what is there
 
 
 def test_a_failed_stop_save_without_any_file_says_there_is_nothing_to_resume(tmp_path):
     saves, fit = _saves(tmp_path)
-    with lines_logged() as log, files_limited_to(1024), saves.control:
+    with files_limited_to(1024), saves.control:
         saves.stop(fit, EpochStats(torch.zeros(3), batch=7))
-    assert "none is on disk: nothing to resume from" in log.lines[-1] and "--resume" not in log.lines[-1], log.lines
+    assert "none is on disk: nothing to resume from" in saves.failed and "--resume" not in saves.failed, saves.failed
+
+
+def test_a_final_save_that_fails_promises_no_next_save_and_is_the_runs_failure(tmp_path):
+    # the issue's 30 MiB disk: epoch 1's save lands, the last epoch's does not; the run said "2 epochs done", exit 0
+    saves, fit = _saves(tmp_path)
+    last = saves.checkpoints.last
+    fit.state = TrainState(epoch=1, batches=12, batch_size=8)  # epoch 1 done
+    with lines_logged() as log:
+        saves.save(fit)
+        saves.finish(fit)
+        assert saves.failed is None  # it landed: the run may say "done"
+        fit.state = TrainState(epoch=2, batches=12, batch_size=8)  # epoch 2, the last, done
+        with files_limited_to(1024):
+            saves.save(fit, final=True)
+            saves.finish(fit)
+    assert log.lines == [f"could not save checkpoint {last}: File too large; the previous {last} is intact"]
+    assert saves.failed == (
+        f"training ended after epoch 2 but could not save {last} (the warning above says why); the {last} on disk "
+        f"is from the end of epoch 1: python train.py --resume {last} continues from the end of epoch 1, not from here"
+    )
+
+
+def test_a_stop_requeues_the_job_only_once_its_save_is_on_disk(tmp_path, monkeypatch):
+    # SLURM's requeue signal: scontrol requeue after the stop save; after a save that failed, never (the requeued job
+    # would restart from an older last.pt, or from nothing, saying it restarts from "the saved last.pt")
+    from tests.test_slurm import JOB_ID, srun_env, stand_in_scontrol
+
+    log = tmp_path / "scontrol.log"
+    stand_in_scontrol(tmp_path / "bin", log)
+    monkeypatch.setattr("os.environ", srun_env(0, 1, 29500, tmp_path / "bin"))
+    for limited, requeued in ((True, False), (False, True)):
+        saves, fit = _saves(tmp_path / str(limited))
+        saves.control.preemption.requeue = True  # the requeue signal came
+        with lines_logged() as lines, files_limited_to(1024) if limited else contextlib.nullcontext(), saves.control:
+            saves.stop(fit, EpochStats(torch.zeros(3), batch=7))
+        assert log.exists() is requeued and (saves.failed is None) is requeued, lines.lines
+    last = saves.checkpoints.last
+    assert log.read_text().split() == ["requeue", JOB_ID]
+    assert lines.lines[-1] == f"requeued SLURM job {JOB_ID}: it restarts from {last} (epoch 1, batch 7/12)"
+
+
+def test_a_stop_at_once_names_the_save_being_written_and_what_is_on_disk(tmp_path):
+    saves, fit = _saves(tmp_path)
+    last = saves.checkpoints.last
+    assert saves.at_once_words() == f"no {last} is on disk: nothing to resume from"
+    saves.periodic(fit, EpochStats(torch.zeros(3), batch=3))
+    saves.checkpoints.wait()
+    resume = f"python train.py --resume {last} continues from epoch 1, batch 3/12"
+    assert saves.at_once_words() == f"the {last} on disk is from epoch 1, batch 3/12: {resume}"
+    held = threading.Event()
+    original = saves.checkpoints.writer._write
+
+    def slow_write(*args):  # the write of the stop's save, still going when the second Ctrl-C comes
+        held.wait(30)
+        original(*args)
+
+    saves.checkpoints.writer._write = slow_write
+    saves.save(fit, EpochStats(torch.zeros(3), batch=7), final=True)
+    try:
+        words = saves.at_once_words()
+    finally:
+        held.set()
+        saves.checkpoints.wait()
+    assert words == f"the save of {last} being written is not finished, the {last} on disk is from epoch 1, batch " \
+        f"3/12: {resume}"  # fmt: skip
 
 
 def test_a_persistent_fp16_overflow_stop_names_the_gradscaler_and_amp_off(tmp_path):

@@ -87,6 +87,28 @@ def test_sigint_sets_the_flag_then_a_second_one_interrupts():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.timeout(60)
+def test_a_forked_child_leaves_the_signal_to_its_parent_and_says_nothing():
+    # torchrun ends a worker with a SIGTERM to its process group: its data-loader workers get it too, and one caught
+    # between its fork and its own handlers ran the trainer's: a second "[rank 1] received SIGTERM" line
+    with PreemptionHandler(signals=(signal.SIGTERM,)) as preempt:
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # the loader worker, before worker_init_fn
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(10))  # Python code, where a handler runs
+                os.write(write_end, str(preempt.received).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        said = os.read(read_end, 64)
+        os.close(read_end)
+        _, status = os.waitpid(child, 0)
+        assert not preempt.requested()  # the parent received nothing
+    assert said == b"None" and os.waitstatus_to_exitcode(status) == 0, (said, status)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(60)

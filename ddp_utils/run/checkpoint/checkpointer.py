@@ -69,7 +69,13 @@ class Checkpointer:
         return paths
 
     def save(
-        self, state: Any, training: Any, *, best: bool = False, landed: Callable[[float, float], None] | None = None
+        self,
+        state: Any,
+        training: Any,
+        *,
+        best: bool = False,
+        landed: Callable[[float, float], None] | None = None,
+        goes_on: bool = True,
     ) -> list[Path]:
         """Write where training stands to last.pt (and best.pt, epochN.pt when due).
 
@@ -85,6 +91,7 @@ class Checkpointer:
             landed: called once the files are whole on disk, with the seconds the caller was held (the snapshot,
                 and a save still being written before it) and the seconds the write took; in the writer's
                 thread with ``background``; never for a save that failed. What says "saved" says it here.
+            goes_on: training goes on after it (not the final or a stop's): a failed write says the next is tried.
 
         Returns:
             The paths written (or being written, in the background).
@@ -95,9 +102,8 @@ class Checkpointer:
                 at once, this save and the next are written as usual, and :meth:`wait` returns False.
         """
         started = time.perf_counter()
-        scaler = getattr(training, "scaler", None)
+        scaler, ema = getattr(training, "scaler", None), training.ema
         enabled = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
-        ema = training.ema
         ckpt = build_checkpoint(
             ema.ema,
             train_model=training.model,
@@ -114,7 +120,7 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.wait()  # the save before it lands first (files never land out of order): part of the hold
             held = time.perf_counter() - started
-            self.writer.submit(ckpt, paths, None if landed is None else lambda took: landed(held, took))
+            self.writer.submit(ckpt, paths, None if landed is None else lambda took: landed(held, took), goes_on)
         else:
             check_plain(ckpt)
             paths = write_serialised(ckpt, paths)

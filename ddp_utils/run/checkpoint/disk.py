@@ -234,13 +234,19 @@ class BackgroundWriter:
         self.failures = 0
 
     def submit(
-        self, ckpt: Mapping[str, Any], paths: Sequence[str | Path], landed: Callable[[float], None] | None = None
+        self,
+        ckpt: Mapping[str, Any],
+        paths: Sequence[str | Path],
+        landed: Callable[[float], None] | None = None,
+        goes_on: bool = True,
     ) -> None:
         """Write ``ckpt`` (a host snapshot) to ``paths`` in the background, after any save still running.
 
         An earlier save that failed was reported when it failed; this one is written all the same.
         ``landed`` is called in the writer's thread, with the seconds the write took, once every file is whole
-        on disk (renamed into place and fsynced); never for a save that failed.
+        on disk (renamed into place and fsynced); never for a save that failed. ``goes_on``: training goes on
+        after this save, so the warning of a failed write says that the next save is tried; False for a run's
+        final or stop save, whose failure the run itself reports.
 
         Raises:
             TypeError: an entry of ``ckpt`` is not a plain type (checked here, in the caller's thread).
@@ -249,10 +255,13 @@ class BackgroundWriter:
         check_plain(dict(ckpt))
         self._landed = False
         # not a daemon: an interpreter that exits (a stopped run) still finishes the file
-        self._thread = threading.Thread(target=self._write, args=(ckpt, list(paths), landed), name="checkpoint-writer")
+        args = (ckpt, list(paths), landed, goes_on)
+        self._thread = threading.Thread(target=self._write, args=args, name="checkpoint-writer")
         self._thread.start()
 
-    def _write(self, ckpt: Mapping[str, Any], paths: list[str | Path], landed: Callable[[float], None] | None) -> None:
+    def _write(
+        self, ckpt: Mapping[str, Any], paths: list[str | Path], landed: Callable[[float], None] | None, goes_on: bool
+    ) -> None:
         start = time.perf_counter()
         try:
             write_serialised(ckpt, paths)
@@ -265,7 +274,9 @@ class BackgroundWriter:
                 exc = CheckpointWriteError(errno.EIO, f"could not save checkpoint {paths[0]}: {reason}")
             self.last_error = exc
             self.failures += 1
-            LOGGER.warning(f"{exc.strerror}; training goes on, the next save is tried as usual")
+            LOGGER.warning(
+                f"{exc.strerror}; training goes on, the next save is tried as usual" if goes_on else exc.strerror
+            )
         finally:
             self.last_seconds = time.perf_counter() - start
 
