@@ -145,7 +145,7 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int, device: torch.device) ->
     place, line = du.data.augment_choice(opt.augment_on, device, opt.quad, opt.cache)  # CUDA: the device
     du.LOGGER.info(f"train: {line}")
     if place == "device":  # its kernels compiled in the background, off the first step's path
-        du.data.renderer_for(device).warm_up(channels_last=run.channels_last)
+        du.data.renderer_for(device).warm_up(run.imgsz, channels_last=run.channels_last)
     train_options["augment_on"] = place
     train_loader, dataset = du.create_dataloader(
         run.data["train"], run.imgsz, batch, gs, augment=True, prefix="train: ", **train_options, **common

@@ -2,7 +2,8 @@
 
 - A run stopped by a signal in the middle of an epoch (during the warm-up, after it, inside an
   accumulation window) and resumed ends bit-identical to one never stopped: last.pt (weights, EMA,
-  optimizer) and results.csv, with ``--multi-scale`` and ``--image-weights`` too.
+  optimizer) and results.csv, with ``--multi-scale`` and ``--image-weights`` too, and with the images made by
+  the device path (``--augment-on device``).
 - A run saved by 2 processes resumes with 1 and one saved by 1 with 2 (the same total batch),
   ending where the uninterrupted run does but for rounding (compared in float64, where rounding
   does not hide a difference); a total the new number of processes cannot share is one line,
@@ -150,6 +151,21 @@ def test_multi_scale_and_image_weights_carry_over_a_mid_epoch_resume_bit_for_bit
     assert full.returncode == 0, describe([full])
     last = tmp_path / "cut" / "weights" / "last.pt"
     state = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, 3, 2)
+    resumed([sys.executable, "train.py", "--resume", str(last)], last, state)
+    assert_bit_identical(tmp_path / "full", tmp_path / "cut")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_device_path_stopped_mid_epoch_and_resumed_ends_bit_identical(data, tmp_path):
+    # the images made by the device render on the loader thread (the compiled kernels, on the CPU here), the
+    # workers kept across epochs, a stop in the middle of an epoch: nothing of it changes what is trained
+    common = ("--epochs", "2", "--workers", "2", "--augment-on", "device")
+    full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), 400)
+    assert full.returncode == 0, describe([full])
+    assert "train: images made on the device cpu (--augment-on device)" in full.stderr, describe([full])
+    last = tmp_path / "cut" / "weights" / "last.pt"
+    state = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, 2, 3)
     resumed([sys.executable, "train.py", "--resume", str(last)], last, state)
     assert_bit_identical(tmp_path / "full", tmp_path / "cut")
 

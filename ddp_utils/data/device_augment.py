@@ -54,8 +54,8 @@ class Renderer:
 
     Examples:
         >>> renderer = Renderer("cpu", compiled=False)
-        >>> tuple(renderer(warm_up_batch(), to_float=False).shape)
-        (3, 3, 40, 56)
+        >>> tuple(renderer(warm_up_batch(48), to_float=False).shape)
+        (3, 3, 48, 48)
     """
 
     def __init__(self, device: torch.device | str, compiled: bool | None = None) -> None:
@@ -86,16 +86,16 @@ class Renderer:
                 out[tables[4]] = self._render(tiles, *tables[2:4], (h, w), 2, options)[: len(mixed)]
         return out if to_float else out.mul_(255).round_().to(torch.uint8)
 
-    def warm_up(self, to_float: bool = True, channels_last: bool = True) -> threading.Thread:
-        """Compile the kernels now, in a background thread (off the first step's path); returns the thread.
+    def warm_up(self, side: int, channels_last: bool = True) -> threading.Thread:
+        """Compile the kernels for images of ``side`` (``--imgsz``) now, in a background thread (off the first step's
+        path); returns the thread.
 
         Inductor keeps what it compiled on disk (``TORCHINDUCTOR_CACHE_DIR``, by default under the temporary
-        directory): a later run loads it in a second or two.
+        directory): a later run loads it in seconds. The thread is not a daemon: a run shorter than the compile
+        waits for it at exit (a daemon thread inside the compiler when the interpreter ends aborts the process).
         """
-        thread = threading.Thread(
-            target=self, args=(warm_up_batch(),), kwargs=dict(to_float=to_float, channels_last=channels_last)
-        )
-        thread.name, thread.daemon = "ddp_utils-render-compile", True
+        thread = threading.Thread(target=self, args=(warm_up_batch(side),), kwargs=dict(channels_last=channels_last))
+        thread.name = "ddp_utils-render-compile"
         thread.start()
         return thread
 
@@ -217,9 +217,9 @@ def render_batch(
     interpolation rounding), or with ``to_float`` float32 0-1, as the step takes them.
 
     Examples:
-        >>> images = render_batch(warm_up_batch(), "cpu")
+        >>> images = render_batch(warm_up_batch(32), "cpu")
         >>> images.dtype, tuple(images.shape)
-        (torch.uint8, (3, 3, 40, 56))
+        (torch.uint8, (3, 3, 32, 32))
     """
     return renderer_for(device)(batch, to_float=to_float, channels_last=channels_last)
 
@@ -370,26 +370,29 @@ def inductor_works(device: torch.device) -> bool:
         return _WORKS[kind]
 
 
-def warm_up_batch() -> RecipeBatch:
-    """A small batch of every kind the kernels take (a resize, a mixup, HSV, flips), of shapes unlike each
-    other's (so the compiled kernels stay general): what :meth:`Renderer.warm_up` renders."""
+def warm_up_batch(side: int = 56) -> RecipeBatch:
+    """A small batch of every kind the kernels take (a resize, a mixup, HSV, flips), its output ``side`` square
+    and its tiles' long side ``side``, as a run at ``--imgsz side`` makes them: what :meth:`Renderer.warm_up`
+    renders to compile the kernels for that run."""
     rng = np.random.default_rng(0)
-    jpegs = [cv2.imencode(".jpg", rng.integers(0, 256, (30, 20, 3), dtype=np.uint8))[1].tobytes() for _ in range(2)]
-    pixels = rng.integers(0, 256, (45, 30, 3), dtype=np.uint8)
-    # a mosaic of three tiles around (30, 45) on a 60 x 90 canvas (the fourth quadrant empty), and a letterbox
+    h, w = side, side * 2 // 3  # the tiles: portrait, as a mosaic's four would fit a canvas of 2 side
+    jpegs = [cv2.imencode(".jpg", rng.integers(0, 256, (h // 2, w // 2, 3), dtype=np.uint8))[1].tobytes()] * 2
+    pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    # a mosaic of three tiles around its centre on a 2w x 2h canvas (the fourth quadrant empty), and a letterbox
     placements = [
-        Placement(k, (x, y, x + 30, y + 45), (1.0, -float(x), 1.0, -float(y)), (0, 0, 30, 45))
-        for k, (x, y) in enumerate([(0, 0), (30, 0), (30, 45)])
+        Placement(k, (x, y, x + w, y + h), (1.0, -float(x), 1.0, -float(y)), (0, 0, w, h))
+        for k, (x, y) in enumerate([(0, 0), (w, 0), (w, h)])
     ]
-    mosaic = Layer(np.diag([60 / 56, 90 / 40, 1.0]), placements, (30, 45))
-    letterbox = Layer(np.eye(3), [Placement(1, (0, 0, 30, 45), (0.5, 0.25, 0.5, 0.25), (0, 0, 30, 45))])
+    mosaic = Layer(np.diag([2 * w / side, 2 * h / side, 1.0]), placements, (w, h))
+    letterbox = Layer(np.eye(3), [Placement(1, (0, 0, w, h), (0.5, 0.25, 0.5, 0.25), (0, 0, w, h))])
     gains = np.array([1.01, 0.7, 1.3])
     recipes = [
-        Recipe((40, 56), [mosaic], None, gains, False, True),
-        Recipe((40, 56), [mosaic, letterbox], 0.4, gains, True, False),
-        Recipe((40, 56), [letterbox], None, None, False, False),
+        Recipe((side, side), [mosaic], None, gains, False, True),
+        Recipe((side, side), [mosaic, letterbox], 0.4, gains, True, False),
+        Recipe((side, side), [letterbox], None, None, False, False),
     ]
-    return pack_sources(recipes, [*jpegs, pixels], [(45, 30)] * 3, [(30, 20), (30, 20), (45, 30)], ["a", "b", "c"])
+    originals = [(h // 2, w // 2)] * 2 + [(h, w)]
+    return pack_sources(recipes, [*jpegs, pixels], [(h, w)] * 3, originals, ["a", "b", "c"])
 
 
 __all__ = [
