@@ -47,8 +47,10 @@ def one_epoch(loader, device: torch.device, epoch: int) -> tuple[int, float]:
 
 def measure(images_dir: Path, imgsz: int, batch: int, workers: int, device: torch.device) -> dict:
     """The warm epoch, then the timed one; the figures of the module's docstring."""
-    from ddp_utils.data import create_dataloader, load_hyp
+    from ddp_utils.data import create_dataloader, load_hyp, renderer_for
 
+    if device.type == "cpu":  # the CPU smoke: the kernels uncompiled (a compile would outlast the part's budget)
+        renderer_for(device, compiled=False)
     hyp = load_hyp("hyp.scratch-low.yaml")
     options = dict(hyp=hyp, augment=True, workers=workers, shuffle=True, augment_on="device")
     loader, _ = create_dataloader(images_dir, imgsz, batch, 32, **options)

@@ -202,26 +202,32 @@ class Renderer:
 _RENDERERS: dict[torch.device, Renderer] = {}
 
 
-def renderer_for(device: torch.device | str) -> Renderer:
-    """The process's :class:`Renderer` for ``device`` (its compiled kernels and decoder made once)."""
+def renderer_for(device: torch.device | str, compiled: bool | None = None) -> Renderer:
+    """The process's :class:`Renderer` for ``device`` (its compiled kernels and decoder made once), the one the
+    prefetcher renders with; ``compiled`` (True or False) replaces it by one that compiles its kernels, or not."""
     device = torch.device(device)
-    if device not in _RENDERERS:
-        _RENDERERS[device] = Renderer(device)
+    if device not in _RENDERERS or compiled not in (None, _RENDERERS[device].compiled):
+        _RENDERERS[device] = Renderer(device, compiled)
     return _RENDERERS[device]
 
 
 def render_batch(
-    batch: RecipeBatch, device: torch.device | str, to_float: bool = False, channels_last: bool = False
+    batch: RecipeBatch,
+    device: torch.device | str,
+    to_float: bool = False,
+    channels_last: bool = False,
+    compiled: bool | None = None,
 ) -> torch.Tensor:
     """The batch's images on ``device``: uint8 RGB ``[B, 3, H, W]`` as ``YoloDataset`` makes them (to
-    interpolation rounding), or with ``to_float`` float32 0-1, as the step takes them.
+    interpolation rounding), or with ``to_float`` float32 0-1, as the step takes them; ``compiled`` as
+    :func:`renderer_for` takes it.
 
     Examples:
-        >>> images = render_batch(warm_up_batch(32), "cpu")
+        >>> images = render_batch(warm_up_batch(32), "cpu", compiled=False)
         >>> images.dtype, tuple(images.shape)
         (torch.uint8, (3, 3, 32, 32))
     """
-    return renderer_for(device)(batch, to_float=to_float, channels_last=channels_last)
+    return renderer_for(device, compiled)(batch, to_float=to_float, channels_last=channels_last)
 
 
 def augment_place(choice: str, device: torch.device | str, quad: bool = False, cache: str | None = None) -> str:

@@ -116,7 +116,8 @@ def eager_render(monkeypatch):
     # the fast tier compiles nothing: the process's CPU renderer runs its kernels eagerly (the same code)
     import ddp_utils.data.device_augment as device_augment
 
-    monkeypatch.setitem(device_augment._RENDERERS, torch.device("cpu"), device_augment.Renderer("cpu", compiled=False))
+    monkeypatch.setattr(device_augment, "_RENDERERS", {})
+    device_augment.renderer_for("cpu", compiled=False)
 
 
 @pytest.fixture(scope="module")
