@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ddp_utils.run import CheckpointWriteError, TrainState, load_checkpoint
-from ddp_utils.run.checkpoint import files as checkpoint_files
+from ddp_utils.run.checkpoint import disk as checkpoint_files
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS = REPO / "benchmarks" / "faults" / "faults.py"

@@ -316,7 +316,7 @@ def test_user_errors_are_one_line_exit_2_and_leave_no_run_directory(case, tmp_pa
 
 HELD = """
 import atexit, runpy, sys, time
-from ddp_utils.run.checkpoint import files
+from ddp_utils.run.checkpoint import disk as files
 hold, sys.argv = sys.argv[1], ["train.py", *sys.argv[2:]]
 write = files.write_serialised
 

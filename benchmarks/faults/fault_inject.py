@@ -41,7 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from ddp_utils.run.checkpoint import CheckpointWriteError  # noqa: E402
-from ddp_utils.run.checkpoint import files as checkpoint_files  # noqa: E402
+from ddp_utils.run.checkpoint import disk as checkpoint_files  # noqa: E402
 from ddp_utils.yolo import loss as loss_module  # noqa: E402
 
 
