@@ -101,17 +101,17 @@ class Renderer:
 
     # ---- the tiles ----
     def _tiles(self, batch: RecipeBatch) -> tuple[torch.Tensor, list[Layout]]:
-        # every source in one flat buffer; resized (into squares) where a source is not its tile's size
+        # every source in one flat buffer; resized (into squares) where a source is not its tile's size, a group at a
+        # time: a group's decoded originals are freed once its tiles exist
         groups = _groups(batch)
-        flats, layouts, sizes = zip(*(self._sources(batch, group) for group in groups))
-        if len(groups) == 1 and all(sizes[0][k] == batch.sizes[i] for k, i in enumerate(groups[0])):
-            return flats[0], _in_order(groups, layouts)
-        side = max(max(size) for size in batch.sizes)
-        tiles = []
-        for group, flat, group_layouts, group_sizes in zip(groups, flats, layouts, sizes):
-            table = tile_table(group_layouts, group_sizes, [batch.sizes[i] for i in group])
-            (table,) = tables_on(self.device, [table])
+        side, tiles = max(max(size) for size in batch.sizes), []
+        for group in groups:
+            flat, layouts, sizes = self._sources(batch, group)
+            if len(groups) == 1 and all(size == batch.sizes[i] for size, i in zip(sizes, group)):
+                return flat, _in_order(groups, [layouts])  # every source is its tile already
+            (table,) = tables_on(self.device, [tile_table(layouts, sizes, [batch.sizes[i] for i in group])])
             tiles.append(self._resize(flat, table, side)[: len(group)].reshape(-1))
+            del flat  # the group's originals
         flat = tiles[0] if len(tiles) == 1 else torch.cat(tiles)
         return flat, _in_order(groups, [padded_layouts(len(batch.sizes), side)])
 

@@ -18,6 +18,7 @@ border, each HSV gain) and must fail the tolerance.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import cv2
 import numpy as np
@@ -229,11 +230,28 @@ def test_large_sources_are_decoded_and_resized_a_group_at_a_time(label_set, monk
     dataset = YoloDataset(label_set, 96, 4, augment=True, hyp=HYPS["general_warp_mixup_flips"], seed=2)
     batch = planned(dataset, [SampleKey(0, slot, slot) for slot in range(6)])
     whole = EAGER(batch, to_float=False)
-    calls, budget = [], 3 * 200 * 200  # about one original at most, a group
+    calls, alive, budget = [], [], 3 * 200 * 200  # about one original at most, a group
     decode = EAGER.decoder.decode
-    monkeypatch.setattr(EAGER.decoder, "decode", lambda datas, paths: calls.append(paths) or decode(datas, paths))
+
+    def decode_a_group(datas, paths):
+        alive.append(sum(ref() is not None for ref in refs))  # the groups before: freed once their tiles exist
+        calls.append(paths)
+        images = decode(datas, paths)
+        refs.extend(weakref.ref(image) for image in images if image is not None)
+        return images
+
+    refs, sources = [], EAGER._sources
+
+    def sources_of_a_group(*args):
+        flat, layouts, sizes = sources(*args)
+        refs.append(weakref.ref(flat))  # the group's originals, in one buffer
+        return flat, layouts, sizes
+
+    monkeypatch.setattr(EAGER.decoder, "decode", decode_a_group)
+    monkeypatch.setattr(EAGER, "_sources", sources_of_a_group)
     monkeypatch.setattr(device_augment, "DECODE_GROUP_BYTES", budget)
     assert torch.equal(EAGER(batch, to_float=False), whole)
+    assert alive == [0] * len(calls)
     size = {path: 3 * h * w for path, (h, w) in zip(batch.paths, batch.originals)}
     assert len(calls) > 1 and sum(map(len, calls)) == sum(batch.jpeg), calls
     assert all(len(paths) == 1 or sum(size[p] for p in paths) <= budget for paths in calls)
