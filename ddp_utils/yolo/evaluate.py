@@ -102,6 +102,8 @@ def evaluate(
     stop: Callable[[], bool] | None = None,
     progress: bool = False,
     watchdog: Any = None,
+    *,
+    amp_dtype: torch.dtype | None = None,
 ) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
@@ -117,8 +119,8 @@ def evaluate(
         max_det: detections kept per image by NMS, and scored by the evaluator (as YOLOv5 scores
             all 300 it keeps; COCO's official protocol stops at 100: pass 100 for that).
         device: where the batches go (the model must already be there); None uses the model's device.
-        half: run in float16 autocast (CUDA only; ignored on the CPU, which validates in fp32), as YOLOv5's
-            ``val.run(half=amp)``: train.py passes it when it trains in mixed precision.
+        half: YOLOv5's ``val.run(half=...)``: float16 on CUDA (here by autocast, the weights kept fp32), ignored
+            on the CPU, which then validates in fp32.
         verbose: log the "val: ..." summary line on rank 0 (train.py logs one line per epoch of its own).
         stop: asked before each batch on this rank (no collective: e.g. "a stop signal arrived here"); when
             it answers True the loop ends, the ranks agree at the loss reduction that follows, and every
@@ -127,6 +129,10 @@ def evaluate(
             :func:`ddp_utils.progress.progress_mode` says): pass it on the main process.
         watchdog: a :class:`~ddp_utils.distributed.StallWatchdog`: rank 0's COCO evaluation, which the other
             ranks wait for, is an unbounded phase of it (it takes minutes on COCO on a CPU); or None.
+        amp_dtype: the autocast dtype the run trains with, to validate the network as it trains:
+            ``torch.float16`` (``--amp fp16``, CUDA), ``torch.bfloat16`` (``--amp bf16``, CUDA or the CPU), or None
+            (fp32). Not with ``half``. Either way the boxes are decoded (the model's Detect) and suppressed (NMS)
+            in float32.
 
     Returns:
         ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics`
@@ -138,17 +144,32 @@ def evaluate(
 
     Raises:
         ValidationInterrupted: ``stop`` answered True on some rank.
+        ValueError: both ``half`` and ``amp_dtype``, or an ``amp_dtype`` autocast does not know.
     """
     if hasattr(model, "module"):
         # DDP's forward may sync buffers across ranks, and shards can differ in length: run the bare model
         model = model.module
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    autocast = _autocast(device, half, amp_dtype)
     loss_sum, batches, records, interrupted = _score_shard(
-        model, loader, device, compute_loss, conf_thres, iou_thres, max_det, half, stop, progress
+        model, loader, device, compute_loss, conf_thres, iou_thres, max_det, autocast, stop, progress
     )
     val_loss = _mean_val_loss(loss_sum, batches, interrupted, device)
     metrics = _rank0_metrics(records, max_det, verbose, watchdog)
     return metrics, val_loss
+
+
+def _autocast(device: torch.device, half: bool, amp_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """The context the network runs in: autocast in ``amp_dtype``, YOLOv5's ``half`` (fp16 on CUDA only), or none."""
+    if half and amp_dtype is not None:
+        raise ValueError(f"evaluate(half=True, amp_dtype={amp_dtype}): give one; amp_dtype=torch.float16 is half's")
+    if half:
+        amp_dtype = torch.float16 if device.type == "cuda" else None  # YOLOv5: half &= device.type != "cpu"
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    if amp_dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"evaluate(amp_dtype={amp_dtype}): autocast computes in torch.float16 or torch.bfloat16")
+    return torch.autocast(device_type=device.type, dtype=amp_dtype)
 
 
 def _score_shard(
@@ -159,7 +180,7 @@ def _score_shard(
     conf_thres: float,
     iou_thres: float,
     max_det: int,
-    half: bool,
+    autocast: contextlib.AbstractContextManager,
     stop: Callable[[], bool] | None,
     progress: bool,
 ) -> tuple[torch.Tensor, int, list[ImageRecord], bool]:
@@ -170,11 +191,6 @@ def _score_shard(
     loss_sum = torch.zeros(3, device=device)
     batches = 0
     records: list[ImageRecord] = []
-    autocast = (
-        torch.autocast(device_type="cuda", dtype=torch.float16)
-        if half and device.type == "cuda"
-        else contextlib.nullcontext()
-    )
     interrupted = False
     bar = progress_reporter(len(loader), desc="val", mode=None if progress else "off", file=sys.stderr)
     # cuDNN's autotuning (benchmark) times every algorithm of every convolution once per input shape: rect
