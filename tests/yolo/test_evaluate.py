@@ -194,6 +194,16 @@ def test_validation_runs_the_network_in_the_runs_autocast_dtype_and_scores_near_
     assert {dtype for _, dtype in probe.seen} == {torch.float32}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_bf16_run_on_cuda_validates_in_bf16_not_fp16():
+    images = make_images(6, jitter=4.0, misses=True)
+    model, compute_loss = build_stub(images)
+    probe = ConvProbe(model).cuda()
+    metrics, _ = evaluate(probe, make_batches(images, 3), compute_loss, amp_dtype=torch.bfloat16, verbose=False)
+    assert [dtype for _, dtype in probe.seen] == [torch.bfloat16] * 2
+    assert metrics == pytest.approx(evaluate(probe, make_batches(images, 3), verbose=False)[0], abs=1e-3)
+
+
 def test_half_and_an_autocast_dtype_together_or_an_unknown_dtype_are_refused():
     images = make_images(2)
     stub = PredictionStub(images)
