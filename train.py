@@ -221,7 +221,7 @@ def validate(run: Run, fit: Training, device: torch.device, epoch: int, records:
     ema, loss, stop = fit.step.ema.ema, fit.step.compute_loss, records.control.stop_requested  # a signal cuts it
     shown = dict(verbose=False, progress=du.is_main_process(), watchdog=records.watchdog)
     val = records.watchdog.track(fit.val_loader, "val")
-    shown["half"] = run.amp != "off"  # YOLOv5's half=amp: fp16 autocast on CUDA (the CPU validates in fp32)
+    shown["amp_dtype"] = engine.AMP_DTYPES[run.amp]  # the network as it trains (fp16, bf16, fp32); boxes in fp32
     metrics, val_loss = yolo.evaluate(ema, val, loss, device=device, stop=stop, **shown)
     if run.opt.verbose or final_epoch:  # YOLOv5 val's table: all, then one row per class
         du.LOGGER.info(yolo.class_table(metrics, run.names, per_class=True if run.opt.verbose else None))

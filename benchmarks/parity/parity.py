@@ -41,6 +41,8 @@ checkout's commit and the interpreter (path, Python and torch versions); for our
 device path's decode and augmentation, its torch ops run on the CPU), where the images are made. A later
 call keeps the runs in ``--dir`` and in ``--reuse FILE`` whose key is the current one and adds the missing
 ones: ``--ours-amp bf16 --reuse benchmarks/results/parity-yolov5n-shapes.json`` trains only our side.
+``--ours-bf16-conv fp32`` (with ``--ours-amp bf16``) computes the bf16 convolutions as ``bf16_conv.py`` says, fast on
+a CPU without native bf16; its runs' key says so. ``parity_compare.py`` sets two results of our side side by side.
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--yolov5-python", default=None, help="the interpreter that runs YOLOv5 (its own venv); default: this one")
     add("--ours-only", action="store_true", help="run our side alone (no YOLOv5 checkout needed)")
     add("--ours-amp", choices=["bf16", "off"], help="our --amp (default: none, train.py's mode for this CPU)")
+    add("--ours-bf16-conv", choices=["torch", "fp32"], default="torch", help="with --ours-amp bf16: torch's own "
+        "bf16 convolutions, or fp32 ones on the bf16-rounded operands, rounded to bf16 (bf16_conv.py: the same "
+        "numbers, 6x as fast on a CPU without native bf16)")  # fmt: skip
     add("--ours-augment-on", choices=["workers", "device"], default="workers", help="our --augment-on (the CPU: "
         "device runs the device path's torch ops on the CPU)")  # fmt: skip
     add("--reuse", type=Path, nargs="+", default=[], help="results.json files whose runs with the current key count")
@@ -121,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         problems.append(f"--imgsz {args.imgsz} must be a multiple of 32, at least 64")
     if not 32 <= args.size[0] <= args.size[1]:
         problems.append(f"--size {args.size[0]} {args.size[1]}: give the smallest and largest side, both >= 32")
+    if args.ours_bf16_conv != "torch" and args.ours_amp != "bf16":
+        problems.append(f"--ours-bf16-conv {args.ours_bf16_conv} is for --ours-amp bf16")
     if len(set(args.seeds)) != len(args.seeds):
         problems.append(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
     if args.ours_only:
@@ -248,8 +255,9 @@ def run_yolov5(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> 
 def run_ours(args: argparse.Namespace, inputs: dict[str, Path], seed: int) -> dict[str, Any]:
     run_dir = inputs["work"] / "ours" / f"seed{seed}"
     env = with_pythonpath(thread_env(args.threads))
+    conv = [str(Path(__file__).resolve().parent / "bf16_conv.py")] if args.ours_bf16_conv == "fp32" else []
     command = [
-        sys.executable, str(REPO / "train.py"), "--cfg", args.cfg, *common_options(args, inputs, seed),
+        sys.executable, *conv, str(REPO / "train.py"), "--cfg", args.cfg, *common_options(args, inputs, seed),
         "--progress", "off", "--project", str(run_dir.parent), "--name", run_dir.name,
     ]  # fmt: skip
     command += ["--amp", args.ours_amp] if args.ours_amp else []

@@ -106,6 +106,8 @@ def side_keys(args: argparse.Namespace, regime: str) -> dict[str, dict[str, str]
     keys = {"ours": dict(regime=regime, amp=mode.amp, layout="channels_last" if mode.channels_last else "NCHW")}
     if getattr(args, "ours_augment_on", "workers") != "workers":  # the workers' runs keep their older keys
         keys["ours"]["augment_on"] = args.ours_augment_on
+    if getattr(args, "ours_bf16_conv", "torch") != "torch":  # bf16_conv.py's convolutions, apart from torch's
+        keys["ours"]["bf16_conv"] = args.ours_bf16_conv
     if args.yolov5 is not None:
         git = ["git", "rev-parse", "HEAD"]
         commit = subprocess.run(git, cwd=args.yolov5, capture_output=True, text=True).stdout.strip()

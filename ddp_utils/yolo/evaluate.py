@@ -102,53 +102,66 @@ def evaluate(
     stop: Callable[[], bool] | None = None,
     progress: bool = False,
     watchdog: Any = None,
+    *,
+    amp_dtype: torch.dtype | None = None,
 ) -> tuple[DetectionMetrics, torch.Tensor]:
     """Validate a detector over a (sharded) loader; every rank returns the same metrics.
 
     Args:
-        model: the detector (plain, or DDP-wrapped: then its ``.module`` runs). It runs in eval mode,
-            returning ``(pred [B, N, 5 + nc], raw level outputs)`` or just ``pred``; its mode is
-            restored afterwards.
+        model: the detector (plain, or DDP-wrapped: then its ``.module`` runs). It runs in eval mode, returning
+            ``(pred [B, N, 5 + nc], raw level outputs)`` or just ``pred``; its mode is restored afterwards.
         loader: yields ``(imgs uint8 [B, 3, H, W] (or float in 0-1), targets [n, 6], paths, shapes)``; under DDP
             this rank's shard (each image on exactly one rank).
         compute_loss: a :class:`~ddp_utils.yolo.loss.ComputeLoss` for the validation losses, or None.
         conf_thres: NMS confidence threshold (low, so the PR curve is complete).
         iou_thres: NMS IoU threshold.
-        max_det: detections kept per image by NMS, and scored by the evaluator (as YOLOv5 scores
-            all 300 it keeps; COCO's official protocol stops at 100: pass 100 for that).
+        max_det: detections kept per image by NMS, and scored by the evaluator (as YOLOv5 scores all 300 it keeps;
+            COCO's official protocol stops at 100: pass 100 for that).
         device: where the batches go (the model must already be there); None uses the model's device.
-        half: run in float16 autocast (CUDA only; ignored on the CPU, which validates in fp32), as YOLOv5's
-            ``val.run(half=amp)``: train.py passes it when it trains in mixed precision.
+        half: YOLOv5's ``val.run(half=...)``: fp16 on CUDA (by autocast: the weights stay fp32), fp32 on the CPU.
         verbose: log the "val: ..." summary line on rank 0 (train.py logs one line per epoch of its own).
-        stop: asked before each batch on this rank (no collective: e.g. "a stop signal arrived here"); when
-            it answers True the loop ends, the ranks agree at the loss reduction that follows, and every
-            rank raises :class:`ValidationInterrupted` before any metric is computed.
+        stop: asked before each batch on this rank (no collective: e.g. "a stop signal arrived here"); True ends
+            the loop, the ranks agree at the loss reduction, and every rank raises :class:`ValidationInterrupted`.
         progress: show this rank's progress through its batches ("val 3/8"; a bar, plain lines or nothing, as
             :func:`ddp_utils.progress.progress_mode` says): pass it on the main process.
         watchdog: a :class:`~ddp_utils.distributed.StallWatchdog`: rank 0's COCO evaluation, which the other
             ranks wait for, is an unbounded phase of it (it takes minutes on COCO on a CPU); or None.
+        amp_dtype: the network's autocast dtype, the run's (``torch.float16``: ``--amp fp16``; ``torch.bfloat16``:
+            ``--amp bf16``, CUDA or CPU; None: fp32); not with ``half``. Box decode and NMS compute in fp32 anyway.
 
     Returns:
-        ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics`
-        (a dict ``{"precision", "recall", "map50", "map"}``, with the per-class rows as ``.classes``;
-        print them with :func:`~ddp_utils.yolo.metrics.class_table`), from
-        :func:`~ddp_utils.yolo.metrics.coco_metrics` over all ranks' images, the same on every rank; ``val_loss``
-        tensor[3] (box, obj, cls), the mean over all batches of all ranks (zeros without
-        ``compute_loss``).
+        ``(metrics, val_loss)``: metrics, a :class:`~ddp_utils.yolo.metrics.DetectionMetrics` (a dict ``{"precision",
+        "recall", "map50", "map"}``, with the per-class rows as ``.classes``; print them with
+        :func:`~ddp_utils.yolo.metrics.class_table`), from :func:`~ddp_utils.yolo.metrics.coco_metrics` over all
+        ranks' images, the same on every rank; ``val_loss`` tensor[3] (box, obj, cls), the mean over all batches of
+        all ranks (zeros without ``compute_loss``).
 
     Raises:
         ValidationInterrupted: ``stop`` answered True on some rank.
+        ValueError: both ``half`` and ``amp_dtype``, or an ``amp_dtype`` autocast does not know.
     """
-    if hasattr(model, "module"):
-        # DDP's forward may sync buffers across ranks, and shards can differ in length: run the bare model
+    if hasattr(model, "module"):  # DDP's forward may sync buffers across ranks, and shards differ in length
         model = model.module
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    loss_sum, batches, records, interrupted = _score_shard(
-        model, loader, device, compute_loss, conf_thres, iou_thres, max_det, half, stop, progress
-    )
+    autocast = _autocast(device, half, amp_dtype)
+    shard = _score_shard(model, loader, device, compute_loss, conf_thres, iou_thres, max_det, autocast, stop, progress)
+    loss_sum, batches, records, interrupted = shard
     val_loss = _mean_val_loss(loss_sum, batches, interrupted, device)
     metrics = _rank0_metrics(records, max_det, verbose, watchdog)
     return metrics, val_loss
+
+
+def _autocast(device: torch.device, half: bool, amp_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """The context the network runs in: autocast in ``amp_dtype``, YOLOv5's ``half`` (fp16 on CUDA only), or none."""
+    if half and amp_dtype is not None:
+        raise ValueError(f"evaluate(half=True, amp_dtype={amp_dtype}): give one; amp_dtype=torch.float16 is half's")
+    if half:
+        amp_dtype = torch.float16 if device.type == "cuda" else None  # YOLOv5: half &= device.type != "cpu"
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    if amp_dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"evaluate(amp_dtype={amp_dtype}): autocast computes in torch.float16 or torch.bfloat16")
+    return torch.autocast(device_type=device.type, dtype=amp_dtype)
 
 
 def _score_shard(
@@ -159,7 +172,7 @@ def _score_shard(
     conf_thres: float,
     iou_thres: float,
     max_det: int,
-    half: bool,
+    autocast: contextlib.AbstractContextManager,
     stop: Callable[[], bool] | None,
     progress: bool,
 ) -> tuple[torch.Tensor, int, list[ImageRecord], bool]:
@@ -170,11 +183,6 @@ def _score_shard(
     loss_sum = torch.zeros(3, device=device)
     batches = 0
     records: list[ImageRecord] = []
-    autocast = (
-        torch.autocast(device_type="cuda", dtype=torch.float16)
-        if half and device.type == "cuda"
-        else contextlib.nullcontext()
-    )
     interrupted = False
     bar = progress_reporter(len(loader), desc="val", mode=None if progress else "off", file=sys.stderr)
     # cuDNN's autotuning (benchmark) times every algorithm of every convolution once per input shape: rect

@@ -46,7 +46,8 @@ class Detect(nn.Module):
     :class:`Model` has measured the strides. In training it returns the raw level
     outputs, each ``[B, na, ny, nx, 5 + nc]``; in eval mode it returns ``(pred, raw)``
     where ``pred`` is ``[B, N, 5 + nc]`` with boxes as xywh in input pixels and
-    sigmoid objectness and class scores.
+    sigmoid objectness and class scores, decoded in float32 whatever the convolutions
+    computed in (fp16, bf16 autocast): ``raw`` keeps their dtype.
     """
 
     def __init__(self, nc: int = 80, anchors: list[list[float]] | tuple = (), ch: list[int] | tuple = ()) -> None:
@@ -66,27 +67,27 @@ class Detect(nn.Module):
             out = self.m[i](x[i])
             bs, _, ny, nx = out.shape
             x[i] = out.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous()
-            if not self.training:
-                grid, anchor_grid = self._grid(i, nx, ny, x[i])
-                xy, wh, conf = x[i].sigmoid().split((2, 2, self.nc + 1), 4)
+            if not self.training:  # decoded in fp32 whatever the network ran in: bf16 is 4 px coarse at 512-1024
+                grid, anchor_grid = self._grid(i, nx, ny, x[i].device)
+                xy, wh, conf = x[i].float().sigmoid().split((2, 2, self.nc + 1), 4)
                 # YOLOv5's decoding: centres may leave their cell by half a cell, sizes reach 4x the anchor
                 xy = (xy * 2 + grid) * self.stride[i]
                 wh = (wh * 2) ** 2 * anchor_grid
                 decoded.append(torch.cat((xy, wh, conf), 4).view(bs, self.na * ny * nx, self.no))
         return x if self.training else (torch.cat(decoded, 1), x)
 
-    def _grid(self, i: int, nx: int, ny: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (i, nx, ny, like.device, like.dtype)
+    def _grid(self, i: int, nx: int, ny: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (i, nx, ny, device)
         grid = self._grids.get(key)
         if grid is None:
-            ys = torch.arange(ny, device=like.device, dtype=like.dtype)
-            xs = torch.arange(nx, device=like.device, dtype=like.dtype)
+            ys = torch.arange(ny, device=device, dtype=torch.float32)
+            xs = torch.arange(nx, device=device, dtype=torch.float32)
             yv, xv = torch.meshgrid(ys, xs, indexing="ij")
             grid = torch.stack((xv, yv), 2).expand(1, self.na, ny, nx, 2) - 0.5
             self._grids = {k: v for k, v in self._grids.items() if k[0] != i}  # one cached size per level
             self._grids[key] = grid
         # from the live buffers each time, so anchors changed in place (autoanchor) take effect
-        anchor_grid = (self.anchors[i] * self.stride[i]).to(like.dtype).view(1, self.na, 1, 1, 2)
+        anchor_grid = (self.anchors[i].float() * self.stride[i].float()).view(1, self.na, 1, 1, 2)
         return grid, anchor_grid
 
     def __getstate__(self) -> dict:

@@ -63,22 +63,22 @@ def test_a_cpu_with_native_bf16_gets_bf16_and_channels_last_once_the_gate_opens(
     gated = train_mode(None, CPU)  # the default per kind: closed until speed and parity on such a CPU say otherwise
     open_here = amp_module.CPU_BF16_BY_DEFAULT[native]
     assert (gated.amp, gated.channels_last) == ("bf16" if open_here else "off", True)
-    if not open_here:  # the log claims only what was measured on train.py for this kind of CPU
-        assert f"computes bf16 natively ({native}): --amp bf16 {amp_module.BF16_MEASURED[native]}" in gated.why
-        assert "2x" not in gated.why
+    if not open_here:  # the log claims only what was measured for this kind of CPU
+        assert f"computes bf16 natively ({native}): {amp_module.bf16_advice(native)}" in gated.why
+        assert amp_module.BF16_FASTER[native] in gated.why
 
 
 @needs_onednn
 def test_the_cpu_default_is_chosen_per_kind_of_cpu_amx_apart_from_avx512_bf16_alone(fake_cpu, monkeypatch):
-    # a 2-core avx512_bf16 host without AMX measured bf16 no faster than fp32 (docs/cpu.md): a gate opened for AMX
-    # hosts must leave it fp32; a Sapphire Rapids host has both flags and counts as AMX
+    # a gate opened for AMX hosts must leave an avx512_bf16 host without AMX fp32 (its figures are its own,
+    # docs/cpu.md); a Sapphire Rapids host has both flags and counts as AMX
     assert amp_module.CPU_BF16_BY_DEFAULT == {"amx_bf16": False, "avx512_bf16": False}  # nothing shown yet
     monkeypatch.setitem(amp_module.CPU_BF16_BY_DEFAULT, "amx_bf16", True)
     fake_cpu(AMX | {"avx512_bf16"})
     assert train_mode(None, CPU).amp == "bf16"
     fake_cpu(BF16)
     mode = train_mode(None, CPU)
-    assert mode.amp == "off" and "not reliably faster than fp32 on train.py" in mode.why
+    assert mode.amp == "off" and amp_module.BF16_FASTER["avx512_bf16"] in mode.why
     assert [amp_module.cpu_kind(flags) for flags in (AMX, BF16, AVX2)] == ["amx_bf16", "avx512_bf16", "none"]
 
 
@@ -93,6 +93,41 @@ def test_a_cpu_without_native_bf16_keeps_fp32_and_warns_when_bf16_is_asked(fake_
         asked = train_mode("bf16", CPU)
     assert (asked.amp, asked.channels_last) == ("bf16", True)
     assert "this CPU has no native bf16" in caplog.text and "9x slower" in caplog.text
+
+
+LEARNS = amp_module.Bf16Learning(5, (0.830, 0.010), (0.833, 0.014), "a.json")  # within one std of fp32's mean
+LOSES = amp_module.Bf16Learning(5, (0.800, 0.010), (0.833, 0.014), "b.json")  # 0.800 < 0.833 - 0.014
+
+
+@needs_onednn
+def test_the_log_recommends_bf16_only_where_it_is_faster_and_learns_within_a_seed_spread_of_fp32(fake_cpu, monkeypatch):
+    """The compute line of a run left to its default, per kind of host (its CPU flags faked) and per learning figure."""
+    for flags in (BF16, AMX):
+        fake_cpu(flags)
+        monkeypatch.setattr(amp_module, "BF16_LEARNING", LEARNS)
+        why = train_mode(None, CPU).why
+        assert "--amp bf16 is faster here" in why and why.endswith("try it") and "0.830 (std 0.010)" in why
+        monkeypatch.setattr(amp_module, "BF16_LEARNING", LOSES)
+        why = train_mode(None, CPU).why
+        assert "learned less than fp32" in why and "try it" not in why and "0.800" in why
+        monkeypatch.setattr(amp_module, "BF16_LEARNING", None)
+        assert "whether it learns as fp32 does is not measured" in train_mode(None, CPU).why
+    fake_cpu(AVX2)  # bf16 emulated: slower, whatever it learns; the line says nothing of --amp bf16
+    for learning in (LEARNS, LOSES, None):
+        monkeypatch.setattr(amp_module, "BF16_LEARNING", learning)
+        why = train_mode(None, CPU).why
+        assert "--amp bf16" not in why and "no native bf16" in why
+    assert not amp_module.Bf16Learning(4, (0.9, 0.0), (0.8, 0.01), "c.json").learns_as_fp32()  # fewer than 5 seeds
+
+
+@needs_onednn
+def test_the_shipped_figures_recommend_bf16_on_a_native_host_only_if_they_show_it_learns(fake_cpu):
+    learning = amp_module.BF16_LEARNING
+    fake_cpu(BF16)
+    recommended = train_mode(None, CPU).why.endswith("try it")
+    assert recommended == (learning is not None and learning.learns_as_fp32())
+    fake_cpu(AVX2)
+    assert "--amp bf16" not in train_mode(None, CPU).why
 
 
 def test_amp_off_is_yolov5s_fp32_nchw_and_a_resume_keeps_its_recorded_layout(fake_cpu):

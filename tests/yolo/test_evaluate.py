@@ -176,3 +176,78 @@ def test_cuda_half_validation_computes_in_fp16_and_scores_as_fp32():
     assert next(probe.parameters()).dtype == torch.float32  # autocast: the EMA's weights stay fp32
     assert full == pytest.approx(half, abs=1e-3)
     torch.testing.assert_close(full_loss, half_loss, rtol=1e-2, atol=1e-3)
+
+
+def test_validation_runs_the_network_in_the_runs_autocast_dtype_and_scores_near_fp32():
+    """train.py passes the dtype it trains in: bf16 on the CPU too (before, evaluate knew only ``half``, fp16)."""
+    images = make_images(6, jitter=4.0, misses=True)
+    batches = make_batches(images, 3)
+    model, compute_loss = build_stub(images)
+    probe = ConvProbe(model)
+    full, full_loss = evaluate(probe, batches, compute_loss=compute_loss, verbose=False)
+    bf16, bf16_loss = evaluate(probe, batches, compute_loss=compute_loss, amp_dtype=torch.bfloat16, verbose=False)
+    assert [dtype for _, dtype in probe.seen] == [torch.float32] * 2 + [torch.bfloat16] * 2
+    assert next(probe.parameters()).dtype == torch.float32  # autocast: the EMA's weights stay fp32
+    assert full == pytest.approx(bf16, abs=1e-3)
+    torch.testing.assert_close(full_loss, bf16_loss, rtol=2e-2, atol=1e-3)
+    probe.seen.clear()
+    assert evaluate(probe, batches, amp_dtype=None, verbose=False)[0] == full  # --amp off: fp32
+    assert {dtype for _, dtype in probe.seen} == {torch.float32}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_bf16_run_on_cuda_validates_in_bf16_not_fp16():
+    images = make_images(6, jitter=4.0, misses=True)
+    model, compute_loss = build_stub(images)
+    probe = ConvProbe(model).cuda()
+    metrics, _ = evaluate(probe, make_batches(images, 3), compute_loss, amp_dtype=torch.bfloat16, verbose=False)
+    assert [dtype for _, dtype in probe.seen] == [torch.bfloat16] * 2
+    assert metrics == pytest.approx(evaluate(probe, make_batches(images, 3), verbose=False)[0], abs=1e-3)
+
+
+def test_half_and_an_autocast_dtype_together_or_an_unknown_dtype_are_refused():
+    images = make_images(2)
+    stub = PredictionStub(images)
+    with pytest.raises(ValueError, match="give one"):
+        evaluate(stub, make_batches(images, 2), half=True, amp_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="torch.float16 or torch.bfloat16"):
+        evaluate(stub, make_batches(images, 2), amp_dtype=torch.float64)
+
+
+def test_boxes_are_decoded_in_fp32_under_bf16_autocast():
+    """bf16 keeps 8 significant bits: decoded in it, a box at x = 1000 px lands on a multiple of 4 px."""
+    from ddp_utils.yolo.model import Detect
+
+    torch.manual_seed(0)
+    anchors = [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]]
+    head = Detect(nc=2, anchors=anchors, ch=(4, 4, 4)).eval()
+    head.stride = torch.tensor([8.0, 16.0, 32.0])
+    head.anchors /= head.stride.view(-1, 1, 1)
+    features = [torch.randn(1, 4, 1024 // s, 1024 // s) for s in (8, 16, 32)]  # a 1024 px input
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pred, raw = head(features)
+    assert raw[0].dtype == torch.bfloat16 and pred.dtype == torch.float32
+    expected = []  # the same raw outputs decoded in fp32 by hand
+    for level, out in enumerate(raw):
+        _, na, ny, nx, _ = out.shape
+        ys, xs = torch.meshgrid(torch.arange(ny), torch.arange(nx), indexing="ij")
+        grid = torch.stack((xs, ys), 2).view(1, 1, ny, nx, 2).float() - 0.5
+        xy, wh, conf = out.float().sigmoid().split((2, 2, 3), 4)
+        xy = (xy * 2 + grid) * head.stride[level]
+        wh = (wh * 2) ** 2 * (head.anchors[level] * head.stride[level]).view(1, na, 1, 1, 2)
+        expected.append(torch.cat((xy, wh, conf), 4).view(1, -1, 7))
+    expected = torch.cat(expected, 1)
+    assert expected[..., 0].max() > 1000  # the far side of the image, where bf16 is coarsest
+    torch.testing.assert_close(pred, expected, rtol=0, atol=1e-3)
+
+
+def test_nms_computes_in_fp32_whatever_the_predictions_dtype():
+    from ddp_utils.yolo.ops import non_max_suppression
+
+    torch.manual_seed(0)
+    xy = torch.rand(1, 200, 2) * 1024
+    pred = torch.cat((xy, 20 + torch.rand(1, 200, 2) * 80, torch.rand(1, 200, 3)), 2)
+    coarse = pred.bfloat16()
+    (out,) = non_max_suppression(coarse, 0.05, 0.5, multi_label=True)
+    (reference,) = non_max_suppression(coarse.float(), 0.05, 0.5, multi_label=True)
+    assert out.dtype == torch.float32 and torch.equal(out, reference)
