@@ -215,7 +215,8 @@ def test_half_and_an_autocast_dtype_together_or_an_unknown_dtype_are_refused():
 
 
 def test_boxes_are_decoded_in_fp32_under_bf16_autocast():
-    """bf16 keeps 8 significant bits: decoded in it, a box at x = 1000 px lands on a multiple of 4 px."""
+    """bf16 keeps 8 significant bits: decoded in it, a box at x = 1000 px lands on a multiple of 4 px. In eval mode
+    the head's convolutions run in their weights' dtype outside autocast; in training, in autocast's."""
     from ddp_utils.yolo.model import Detect
 
     torch.manual_seed(0)
@@ -224,8 +225,17 @@ def test_boxes_are_decoded_in_fp32_under_bf16_autocast():
     head.stride = torch.tensor([8.0, 16.0, 32.0])
     head.anchors /= head.stride.view(-1, 1, 1)
     features = [torch.randn(1, 4, 1024 // s, 1024 // s) for s in (8, 16, 32)]  # a 1024 px input
+    pred32, raw32 = head(list(features))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        pred, raw = head(features)
+        pred, raw = head(list(features))
+        trained = head.train()(list(features))
+    head.eval()
+    assert raw[0].dtype == torch.float32 and trained[0].dtype == torch.bfloat16
+    torch.testing.assert_close(pred, pred32, rtol=0, atol=0)  # the eval head: fp32 as without autocast
+    for conv in head.m:  # a head whose own weights are bf16 (a model made .bfloat16()): its outputs are bf16
+        conv.bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pred, raw = head(list(features))
     assert raw[0].dtype == torch.bfloat16 and pred.dtype == torch.float32
     expected = []  # the same raw outputs decoded in fp32 by hand
     for level, out in enumerate(raw):
