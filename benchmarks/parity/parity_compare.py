@@ -1,7 +1,7 @@
 """Our side of two parity results side by side: does one compute mode learn as another does, over the same seeds?
 
     python benchmarks/parity/parity_compare.py benchmarks/results/parity-yolov5n-shapes-bf16.json \\
-        benchmarks/results/parity-yolov5n-shapes-bf16-baseline.json
+        benchmarks/results/parity-yolov5n-shapes-channels-last.json
 
 ``parity.py --ours-only --ours-amp bf16 --dir A`` and ``parity.py --ours-only --dir B`` (fp32, the CPU's default) train
 our side alone in parity's regime, one results.json each. This prints, for the seeds both hold, each mode's held-out
