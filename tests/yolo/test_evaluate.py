@@ -195,6 +195,7 @@ def test_validation_runs_the_network_in_the_runs_autocast_dtype_and_scores_near_
     assert {dtype for _, dtype in probe.seen} == {torch.float32}
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_bf16_run_on_cuda_validates_in_bf16_not_fp16():
     images = make_images(6, jitter=4.0, misses=True)
