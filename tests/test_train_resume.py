@@ -36,7 +36,7 @@ from torch import nn
 from ddp_utils.data import make_shapes_dataset
 from ddp_utils.engine import ModelEMA
 from ddp_utils.run import Checkpointer, TrainState, load_checkpoint, strip_optimizer
-from tests.multiproc import REPO_ROOT, describe, run_watching
+from tests.multiproc import REPO_ROOT, Worker, describe, run_watching
 from tests.test_train import results, run, torchrun, train_env
 
 pytestmark = pytest.mark.timeout(200)
@@ -126,6 +126,20 @@ def assert_bit_identical(a: Path, b: Path, csv: bool = True) -> None:
     assert not csv or (a / "results.csv").read_bytes() == (b / "results.csv").read_bytes()
 
 
+def stopped_once_ends_as_unstopped(
+    data: dict[str, Path], tmp_path: Path, common: tuple[str, ...], stop: tuple[int, int], timeout: float
+) -> Worker:
+    """Train ``common`` uninterrupted ("full") and stopped once at ``stop`` (epoch, batch) then resumed ("cut"),
+    and assert both end bit-identical; returns the uninterrupted run."""
+    full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), timeout)
+    assert full.returncode == 0, describe([full])
+    last = tmp_path / "cut" / "weights" / "last.pt"
+    state = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, *stop)
+    resumed([sys.executable, "train.py", "--resume", str(last)], last, state)
+    assert_bit_identical(tmp_path / "full", tmp_path / "cut")
+    return full
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_stopped_in_the_warm_up_and_after_it_the_run_ends_bit_identical(data, tmp_path):
@@ -147,12 +161,7 @@ def test_stopped_in_the_warm_up_and_after_it_the_run_ends_bit_identical(data, tm
 @pytest.mark.timeout(600)
 def test_multi_scale_and_image_weights_carry_over_a_mid_epoch_resume_bit_for_bit(data, tmp_path):
     common = ("--epochs", "3", "--workers", "1", "--multi-scale", "--image-weights")
-    full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), 180)
-    assert full.returncode == 0, describe([full])
-    last = tmp_path / "cut" / "weights" / "last.pt"
-    state = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, 3, 2)
-    resumed([sys.executable, "train.py", "--resume", str(last)], last, state)
-    assert_bit_identical(tmp_path / "full", tmp_path / "cut")
+    stopped_once_ends_as_unstopped(data, tmp_path, common, (3, 2), 180)
 
 
 @pytest.mark.slow
@@ -161,13 +170,8 @@ def test_the_device_path_stopped_mid_epoch_and_resumed_ends_bit_identical(data, 
     # the images made by the device render on the loader thread (the compiled kernels, on the CPU here), the
     # workers kept across epochs, a stop in the middle of an epoch: nothing of it changes what is trained
     common = ("--epochs", "2", "--workers", "2", "--augment-on", "device")
-    full = run([sys.executable, *args(data, tmp_path, "full", *common)], train_env(), 400)
-    assert full.returncode == 0, describe([full])
+    full = stopped_once_ends_as_unstopped(data, tmp_path, common, (2, 3), 400)
     assert "train: images made on the device cpu (--augment-on device)" in full.stderr, describe([full])
-    last = tmp_path / "cut" / "weights" / "last.pt"
-    state = stopped_at([sys.executable, *args(data, tmp_path, "cut", *common)], last, 2, 3)
-    resumed([sys.executable, "train.py", "--resume", str(last)], last, state)
-    assert_bit_identical(tmp_path / "full", tmp_path / "cut")
 
 
 def relative_difference(a: Path, b: Path) -> float:

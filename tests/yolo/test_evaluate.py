@@ -152,11 +152,17 @@ def test_validation_never_autotunes_and_gives_the_flag_back(tuned, monkeypatch):
     assert torch.backends.cudnn.benchmark is tuned
 
 
-def test_half_validation_on_the_cpu_is_the_fp32_one_bit_for_bit():
+def probed(device: str = "cpu") -> tuple[ConvProbe, list, ComputeLoss]:
+    """A :class:`ConvProbe` over the stub detector of 6 images (some missed), on ``device``; the images in batches
+    of 3; the stub's loss."""
     images = make_images(6, jitter=4.0, misses=True)
     batches = make_batches(images, 3)
     model, compute_loss = build_stub(images)
-    probe = ConvProbe(model)
+    return ConvProbe(model).to(device), batches, compute_loss
+
+
+def test_half_validation_on_the_cpu_is_the_fp32_one_bit_for_bit():
+    probe, batches, compute_loss = probed()
     full, full_loss = evaluate(probe, batches, compute_loss=compute_loss, verbose=False)
     half, half_loss = evaluate(probe, batches, compute_loss=compute_loss, half=True, verbose=False)
     assert {dtype for _, dtype in probe.seen} == {torch.float32}
@@ -166,10 +172,7 @@ def test_half_validation_on_the_cpu_is_the_fp32_one_bit_for_bit():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_half_validation_computes_in_fp16_and_scores_as_fp32():
-    images = make_images(6, jitter=4.0, misses=True)
-    batches = make_batches(images, 3)
-    model, compute_loss = build_stub(images)
-    probe = ConvProbe(model).cuda()
+    probe, batches, compute_loss = probed("cuda")
     full, full_loss = evaluate(probe, batches, compute_loss=compute_loss, verbose=False)
     half, half_loss = evaluate(probe, batches, compute_loss=compute_loss, half=True, verbose=False)
     assert [dtype for _, dtype in probe.seen] == [torch.float32] * 2 + [torch.float16] * 2
@@ -180,10 +183,7 @@ def test_cuda_half_validation_computes_in_fp16_and_scores_as_fp32():
 
 def test_validation_runs_the_network_in_the_runs_autocast_dtype_and_scores_near_fp32():
     """train.py passes the dtype it trains in: bf16 on the CPU too (before, evaluate knew only ``half``, fp16)."""
-    images = make_images(6, jitter=4.0, misses=True)
-    batches = make_batches(images, 3)
-    model, compute_loss = build_stub(images)
-    probe = ConvProbe(model)
+    probe, batches, compute_loss = probed()
     full, full_loss = evaluate(probe, batches, compute_loss=compute_loss, verbose=False)
     bf16, bf16_loss = evaluate(probe, batches, compute_loss=compute_loss, amp_dtype=torch.bfloat16, verbose=False)
     assert [dtype for _, dtype in probe.seen] == [torch.float32] * 2 + [torch.bfloat16] * 2
@@ -198,12 +198,10 @@ def test_validation_runs_the_network_in_the_runs_autocast_dtype_and_scores_near_
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_bf16_run_on_cuda_validates_in_bf16_not_fp16():
-    images = make_images(6, jitter=4.0, misses=True)
-    model, compute_loss = build_stub(images)
-    probe = ConvProbe(model).cuda()
-    metrics, _ = evaluate(probe, make_batches(images, 3), compute_loss, amp_dtype=torch.bfloat16, verbose=False)
+    probe, batches, compute_loss = probed("cuda")
+    metrics, _ = evaluate(probe, batches, compute_loss, amp_dtype=torch.bfloat16, verbose=False)
     assert [dtype for _, dtype in probe.seen] == [torch.bfloat16] * 2
-    assert metrics == pytest.approx(evaluate(probe, make_batches(images, 3), verbose=False)[0], abs=1e-3)
+    assert metrics == pytest.approx(evaluate(probe, batches, verbose=False)[0], abs=1e-3)
 
 
 def test_half_and_an_autocast_dtype_together_or_an_unknown_dtype_are_refused():
