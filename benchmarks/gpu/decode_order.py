@@ -12,7 +12,7 @@ Decoders (variants), taken in turn so that each gets as many iterations as the t
 ``--iterations``):
 
 - ``none``: no decode, the harness's own control (0, or the harness is wrong);
-- ``ours``: ``ddp_utils.data.decode.jpeg_decoder(device).decode``, the guarded decode (must be 0);
+- ``ours``: ``ddp_utils.data.device.decode.jpeg_decoder(device).decode``, the guarded decode (must be 0);
 - ``torchvision``: ``torchvision.io.decode_jpeg(list, device=...)``, the raw batched call, the positive control
   (134 of 200 on an H100 in that PR: expected > 0 on a card with nvJPEG's hardware engine);
 - ``torchcodec``: ``torchcodec.decoders.decode_jpeg(list, device=...)`` where it imports (it waits for the caller's
@@ -78,7 +78,7 @@ def decoders(device: torch.device) -> dict[str, tuple[Decode | None, str]]:
     """Each variant's decode and its description; a variant that cannot load says why instead."""
     found: dict[str, tuple[Decode | None, str]] = {"none": (None, "no decode (the harness's control)")}
     try:
-        from ddp_utils.data.decode import jpeg_decoder
+        from ddp_utils.data.device.decode import jpeg_decoder
 
         ours = jpeg_decoder(device)
         found["ours"] = (ours.decode, ours.name)

@@ -1,7 +1,7 @@
 """The device path's floor: kernel launches and bytes allocated to render one training batch, counted on the CPU.
 
 With ``--augment-on device`` the training process decodes and augments each batch on the GPU
-(``ddp_utils/data/device_augment.py``). What that costs a card can be read from the CPU: each
+(``ddp_utils/data/device/render.py``). What that costs a card can be read from the CPU: each
 non-view aten op is a kernel launch on the GPU (about 10 us of host time each), each compiled
 kernel is one launch, and on a memory-bound card the bytes the render allocates are its cost (each
 intermediate is written once and read at least once). ``torch.profiler`` sees eager ops and
@@ -40,8 +40,8 @@ if str(REPO) not in sys.path:
 
 from ddp_utils.data import find_images, load_hyp, load_labels, make_shapes_dataset  # noqa: E402
 from ddp_utils.data.dataset import SampleKey, YoloDataset  # noqa: E402
-from ddp_utils.data.device_augment import Renderer  # noqa: E402
-from ddp_utils.data.recipes import RecipeCollate, plan_sample  # noqa: E402
+from ddp_utils.data.device.recipes import RecipeCollate, plan_sample  # noqa: E402
+from ddp_utils.data.device.render import Renderer  # noqa: E402
 
 LAUNCH_GOAL, BYTES_GOAL = 64, 12.0
 # aten ops whose result the host must read (a host wait on a GPU)

@@ -12,10 +12,9 @@ What lives where:
 - ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective;
   ``geometry.py``: their numbers (the random transform, where tiles and boxes land), without pixels.
 - ``mosaic_batch.py``: a training batch's mosaics made together (the same samples as one by one, faster).
-- ``recipes.py``: a training sample as its draws and labels without pixels (``--augment-on device``);
-  ``device_augment.py``: a batch of recipes rendered on the training device: ``decode.py`` (JPEGs decoded in
-  batches, guarded), ``render_plan.py`` (the batch's tables, made on the host), ``render_kernels.py`` (the
-  resize and the render, each one compiled kernel), ``render_reference.py`` (the same said slowly: the oracle).
+- ``device/``: the device path (``--augment-on device``), one concern: the recipes the workers send, the
+  decode, the render's plan, its kernels and their slow reference, the loader thread and the transfer
+  (:mod:`ddp_utils.data.device`).
 - ``dataset.py``: :class:`YoloDataset` (with YOLOv5's attribute names), rect batch shapes, collate functions.
 - ``class_weights.py``: class and image weights from the labels (YOLOv5's ``--image-weights``).
 - ``samplers.py``: train, weighted-train and exactly-once eval samplers, one guarantee per class.
@@ -24,7 +23,6 @@ What lives where:
 - ``transfer.py``: batches back from the workers through reused shared-memory slots.
 - ``loader.py``: :func:`create_dataloader`, :func:`create_val_dataloader` and :class:`EpochLoader`,
   whose workers stay across epochs.
-- ``prefetch.py``: :class:`DevicePrefetcher`, the next batches made ready on the device by a loader thread.
 - ``synthetic.py``: an offline synthetic detection dataset (the default data).
 
 The box conversions the pipeline uses live in :mod:`ddp_utils.boxes`.
@@ -37,11 +35,18 @@ from .augment import letterbox
 from .class_weights import class_frequency, epoch_image_weights, labels_to_class_weights, labels_to_image_weights
 from .config import check_dataset, datasets_dir
 from .dataset import SampleKey, YoloDataset, rect_batch_shapes
-from .device_augment import augment_choice, augment_place, render_batch, renderer_for
+from .device import (
+    DevicePrefetcher,
+    augment_choice,
+    augment_place,
+    images_to_float,
+    render_batch,
+    renderer_for,
+    to_device_batch,
+)
 from .images import load_image
 from .labels import IMG_FORMATS, LabelSet, find_images, img2label_paths, label_cache_path, load_labels
 from .loader import EpochLoader, create_dataloader, create_val_dataloader
-from .prefetch import DevicePrefetcher, images_to_float, to_device_batch
 from .samplers import EvalSampler, TrainSampler, WeightedTrainSampler
 from .synthetic import generate, make_shapes_dataset
 

@@ -25,10 +25,10 @@ from ..hyp import hyp_value
 from ..seed import derive_seed
 from ..yamls import DataConfigError
 from .augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup
+from .device.recipes import plan_sample
 from .image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from .images import load_image, resized_shape
 from .mosaic_batch import mosaic_batch
-from .recipes import plan_sample
 from .warp import mosaic4, random_perspective
 
 if TYPE_CHECKING:
@@ -363,7 +363,7 @@ class YoloDataset(Dataset):
 
     def __getitems__(self, items: Sequence[int | SampleKey | tuple]) -> list[tuple]:
         """``[self[item] for item in items]``, the DataLoader's fetch of a batch: its mosaics made together; with
-        ``recipes`` set, each image a :class:`~ddp_utils.data.recipes.Recipe` (the same draws and labels, no pixels)."""
+        ``recipes`` set, each a :class:`~ddp_utils.data.device.recipes.Recipe` (its draws and labels, no pixels)."""
         keys = [self._key(item) for item in items]
         return [plan_sample(self, key) for key in keys] if self.recipes else mosaic_batch(self, keys)
 

@@ -3,7 +3,7 @@
 The random transform (:func:`perspective_matrix`), a mosaic's layout (:func:`mosaic_layout`,
 :func:`tile_placement`) and the labels that come out (:func:`mosaic_labels`,
 :func:`perspective_labels`) are what both routes to a training image share: the workers' OpenCV
-path (``warp.py``) and the recipes of the device path (``recipes.py``), so the two make the same
+path (``warp.py``) and the recipes of the device path (``device/recipes.py``), so the two make the same
 draws and the same boxes. Boxes are pixel ``xyxy``; labels are ``[n, 5]`` arrays of
 (class, x1, y1, x2, y2). Hyperparameter names are YOLOv5's.
 """

@@ -34,8 +34,8 @@ from ..host import disk_free, memory_room
 from ..log import LOGGER
 from ..seed import loader_generator
 from .dataset import SampleKey, YoloDataset
+from .device.recipes import RecipeCollate
 from .labels import find_images, label_cache_path, load_labels
-from .recipes import RecipeCollate
 from .samplers import EvalSampler, TrainSampler, WeightedTrainSampler
 from .transfer import BatchPool, BatchRequest, PooledCollate, PooledDataset, unpack
 from .workers import default_workers, init_worker, usable_cores
@@ -392,9 +392,9 @@ def create_dataloader(
         shuffle: a new order every epoch (seeded by ``seed`` and the epoch).
         seed: seeds the order and every sample's augmentation.
         augment_on: "workers": the workers make the images (OpenCV); "device": with ``augment``, they
-            send each batch as a :class:`~ddp_utils.data.recipes.RecipeBatch` (the same draws and labels,
-            the JPEG bytes) and :class:`~ddp_utils.data.prefetch.DevicePrefetcher` renders it on the
-            training device (:mod:`ddp_utils.data.device_augment`). Not with ``quad``.
+            send each batch as a :class:`~ddp_utils.data.device.recipes.RecipeBatch` (the same draws and labels,
+            the JPEG bytes) and :class:`~ddp_utils.data.device.prefetch.DevicePrefetcher` renders it on the
+            training device (:mod:`ddp_utils.data.device.render`). Not with ``quad``.
 
     Returns:
         (loader, dataset): call ``loader.set_epoch(epoch)`` before each epoch.

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.device.prefetch import images_to_float
 from ..data.multiscale import multi_scale_resize
-from ..data.prefetch import images_to_float
 from ..progress import progress, progress_mode
 from .amp import AMP_DTYPES
 from .ema import ModelEMA

@@ -9,7 +9,7 @@ placed where on a canvas, mapped to the output by which transform, mixed, colour
 flipped how. A batch travels as a :class:`RecipeBatch`: the recipes and, once per image the
 batch uses, its JPEG file's bytes (or, for another format, an EXIF-rotated JPEG or a cached
 image, its pixels decoded here as today). The training process renders it on its device
-(:mod:`ddp_utils.data.device_augment`).
+(:mod:`ddp_utils.data.device.render`).
 
 Coordinates follow OpenCV's: pixel ``i`` has its centre at ``i``. A *tile* is an image
 resized so its long side is ``imgsz`` (``load_image``'s ``(h, w)``); the *canvas* is the
@@ -25,13 +25,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..boxes import xyxy2xywhn
-from ..hyp import hyp_value
-from ..seed import derive_seed
-from .augment import letterbox_geometry
-from .geometry import lands_in, mosaic_labels, mosaic_layout, perspective_labels, perspective_matrix, tile_placement
-from .headers import batch_decode_unfit, jpeg_frame
-from .images import image_noted, load_image, note_bad_image, resized_shape
+from ...boxes import xyxy2xywhn
+from ...hyp import hyp_value
+from ...seed import derive_seed
+from ..augment import letterbox_geometry
+from ..geometry import lands_in, mosaic_labels, mosaic_layout, perspective_labels, perspective_matrix, tile_placement
+from ..headers import batch_decode_unfit, jpeg_frame
+from ..images import image_noted, load_image, note_bad_image, resized_shape
 
 _Dataset = Any  # a YoloDataset: dataset.py imports this module, not the other way round
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-import ddp_utils.data.decode as decode
-from ddp_utils.data.decode import JpegDecoder, jpeg_decoder
+import ddp_utils.data.device.decode as decode
+from ddp_utils.data.device.decode import JpegDecoder, jpeg_decoder
 
 
 def jpeg(value: int, shape=(6, 8)) -> bytes:

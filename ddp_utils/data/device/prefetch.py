@@ -4,7 +4,7 @@
 and wherever the loader sends recipes (``--augment-on device``), a loader thread takes the loader's
 batches one or two ahead of the step, and on a CUDA stream of its own copies each to the device (from
 the pinned memory the loader gives), converts it to float ``0-1`` in the step's layout, or decodes and
-renders it (:mod:`~ddp_utils.data.device_augment`); then it records an event. The training thread
+renders it (:mod:`~ddp_utils.data.device.render`); then it records an event. The training thread
 only makes the compute stream wait for that event (queued on the GPU: the host never waits) and marks
 the batch as used there (``record_stream``), so the caching allocator does not recycle it under the
 step. Nothing of the decode or the render runs on the training thread: its launches never queue behind
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from .device_augment import renderer_for
 from .recipes import RecipeBatch
+from .render import renderer_for
 
 
 def to_device_batch(batch: Any, device: torch.device, channels_last: bool = False, non_blocking: bool = False) -> tuple:
@@ -33,8 +33,8 @@ def to_device_batch(batch: Any, device: torch.device, channels_last: bool = Fals
 
     The batch is a tuple ``(images, targets, *rest)`` (the loader's ``(imgs, targets, paths,
     shapes)``); ``rest`` passes through untouched. Images that come as a
-    :class:`~ddp_utils.data.recipes.RecipeBatch` are rendered on ``device`` first
-    (:func:`~ddp_utils.data.device_augment.render_batch`).
+    :class:`~ddp_utils.data.device.recipes.RecipeBatch` are rendered on ``device`` first
+    (:func:`~ddp_utils.data.device.render.render_batch`).
 
     Examples:
         >>> imgs = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)

@@ -1,6 +1,6 @@
 """A batch of training images made on the device from its recipes: decode, resize, then one fused render.
 
-The loader's workers send a :class:`~ddp_utils.data.recipes.RecipeBatch` (the random draws and the
+The loader's workers send a :class:`~ddp_utils.data.device.recipes.RecipeBatch` (the random draws and the
 labels made as ever, the JPEG files' bytes in one shared-memory tensor); a :class:`Renderer` makes the
 ``[B, 3, H, W]`` batch that ``YoloDataset`` would have made, in a handful of launches whatever the
 batch size, the number of image sizes or the mixup rate:
@@ -10,9 +10,9 @@ batch size, the number of image sizes or the mixup rate:
    decoded on the host (the CPU path's decoder), said once in the log;
 2. the decoded images and the workers' pixels (other formats, EXIF-rotated JPEGs, cached images) in
    one flat buffer (one copy), then every tile resized in ONE kernel where a source is not its tile's
-   size (``render_kernels.resize_tiles``);
-3. the batch's tables (``render_plan.py``) copied in one transfer, then ONE kernel renders every
-   sample (``render_kernels.render_rows``): warps with OpenCV's transparent border on its 1/32-pixel
+   size (``kernels.resize_tiles``);
+3. the batch's tables (``plan.py``) copied in one transfer, then ONE kernel renders every
+   sample (``kernels.render_rows``): warps with OpenCV's transparent border on its 1/32-pixel
    grid, the HSV round trip in 32-bit integers, the flips, the float32 ``0-1`` output the step takes
    (``channels_last``); the samples with a mixup, and only those, are rendered again with both layers
    by a second kernel and put in their places.
@@ -21,7 +21,7 @@ Both kernels are ``torch.compile``'d (Inductor: Triton on CUDA, C++ on the CPU) 
 (:meth:`Renderer.warm_up`, in the background); where no compiler works, the same functions run eagerly,
 in chunks of bounded memory. Sources larger than a budget (12-megapixel photos) are decoded and resized
 a group at a time, so each original is freed once its tile exists. On the CPU
-``tests/data/test_device_augment.py`` compares the images with the CPU path's for the same draws.
+``tests/data/device/test_render.py`` compares the images with the CPU path's for the same draws.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ import cv2
 import numpy as np
 import torch
 
-from ..log import LOGGER
+from ...log import LOGGER
+from ..images import image_noted, note_bad_image
 from .decode import jpeg_decoder
-from .images import image_noted, note_bad_image
+from .kernels import H_TABLE, S_TABLE, coordinates, render_rows, resize_tiles
+from .plan import Layout, bgr_layout, chw_layout, padded_layouts, row_tables, tables_on, tile_table
 from .recipes import Layer, Placement, Recipe, RecipeBatch, decode_on_host, pack_sources
-from .render_kernels import H_TABLE, S_TABLE, coordinates, render_rows, resize_tiles
-from .render_plan import Layout, bgr_layout, chw_layout, padded_layouts, row_tables, tables_on, tile_table
 
 DECODE_GROUP_BYTES = 2**30  # most decoded pixels alive at once: larger batches are decoded and resized in groups
 _EAGER_PIXELS = 2**20  # eager fallback: output pixels rendered together (bounds its per-pixel temporaries)

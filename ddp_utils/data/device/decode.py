@@ -33,7 +33,7 @@ import cv2
 import numpy as np
 import torch
 
-from .images import decode_jpeg as decode_on_cpu
+from ..images import decode_jpeg as decode_on_cpu
 
 Backend = Callable[[list[torch.Tensor], torch.device, list[str]], list[torch.Tensor | None]]
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from ddp_utils.data.dataset import SampleKey, YoloDataset
+from ddp_utils.data.device.recipes import Recipe, RecipeBatch, RecipeCollate, image_source, plan_sample
 from ddp_utils.data.images import note_bad_image
 from ddp_utils.data.labels import find_images, load_labels
-from ddp_utils.data.recipes import Recipe, RecipeBatch, RecipeCollate, image_source, plan_sample
 from ddp_utils.data.synthetic import make_shapes_dataset
 from ddp_utils.log import LOGGER
 from tests.data.test_headers import write_jpeg_kinds

@@ -1,11 +1,11 @@
 """The device render said slowly, in other tensor operations: the oracle the fused kernels are tested against.
 
-The same numbers as ``render_kernels.py`` (``device_augment.py`` says which and why), in the plain form
+The same numbers as ``kernels.py`` (``render.py`` says which and why), in the plain form
 this project first wrote them in: tiles resized by ``F.interpolate``, stacked in one padded array, each
 placement drawn by ``grid_sample`` over the whole output with a fourth channel for its crop, the mixup
 over the whole chunk, the HSV round trip in int64 by table lookups, the flips by ``flip``. Every step
 allocates full-size float32 temporaries (hundreds of times the output's bytes): it is for the tests
-(``tests/data/test_device_augment.py``) on small batches, never for training.
+(``tests/data/device/test_render.py``) on small batches, never for training.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own spelling)
 
+from ..warp import PAD_COLOR
 from .decode import jpeg_decoder
 from .recipes import RecipeBatch, decode_on_host
-from .warp import PAD_COLOR
 
 _GRID = 32.0  # OpenCV's remap: source coordinates on a 1/32-pixel grid (INTER_BITS = 5)
 

@@ -17,7 +17,7 @@ order with OpenCV's transparent border on its 1/32-pixel grid, blends the mixup'
 (``layers=2``), applies OpenCV's 8-bit HSV round trip in 32-bit integers with the row's gains, and
 writes the three channels once, as float32 ``0-1`` (``channels_last`` or not) or uint8.
 
-The numbers each reproduces, and why, are ``device_augment.py``'s; ``render_reference.py`` says the
+The numbers each reproduces, and why, are ``render.py``'s; ``reference.py`` says the
 same slowly in another form (``grid_sample``, ``F.interpolate``), the oracle the tests compare with.
 """
 

@@ -1,4 +1,4 @@
-"""The device path's images (``device_augment.py``, run here on the CPU) are the CPU path's, to interpolation.
+"""The device path's images (``data/device/render.py``, run here on the CPU) are the CPU path's, to interpolation.
 
 For the same draws the boxes are identical (``test_recipes.py``) and the pixels close: OpenCV
 computes in fixed point (``cv2.resize``'s 11-bit weights, ``warpAffine``'s 1/32-pixel coordinates
@@ -25,16 +25,16 @@ import numpy as np
 import pytest
 import torch
 
-import ddp_utils.data.device_augment as device_augment
-import ddp_utils.data.render_kernels as render_kernels
-import ddp_utils.data.render_plan as render_plan
+import ddp_utils.data.device.kernels as kernels
+import ddp_utils.data.device.plan as plan
+import ddp_utils.data.device.render as device_render
 from ddp_utils.data.dataset import SampleKey, YoloDataset
-from ddp_utils.data.device_augment import Renderer, augment_choice, augment_place, warm_up_batch
+from ddp_utils.data.device.prefetch import DevicePrefetcher
+from ddp_utils.data.device.recipes import Layer, Placement, Recipe, RecipeCollate, pack_sources, plan_sample
+from ddp_utils.data.device.reference import hsv_jitter, reference_render
+from ddp_utils.data.device.render import Renderer, augment_choice, augment_place, warm_up_batch
 from ddp_utils.data.labels import find_images, load_labels
 from ddp_utils.data.loader import create_dataloader
-from ddp_utils.data.prefetch import DevicePrefetcher
-from ddp_utils.data.recipes import Layer, Placement, Recipe, RecipeCollate, pack_sources, plan_sample
-from ddp_utils.data.render_reference import hsv_jitter, reference_render
 from ddp_utils.data.synthetic import make_shapes_dataset
 from tests.workers.data_scenarios import AUGMENT_HYPS, HYP
 
@@ -103,26 +103,26 @@ def test_the_kernels_say_what_the_slow_reference_says(label_set):
 
 def _tables_changed(monkeypatch, change) -> None:
     # the render's tables as the planner makes them, then changed: a kernel that read them wrongly
-    original = render_plan.row_tables
+    original = plan.row_tables
 
     def changed(recipes, tiles):
         ints, floats = original(recipes, tiles)
         change(ints, floats)
         return ints, floats
 
-    monkeypatch.setattr(device_augment, "row_tables", changed)
+    monkeypatch.setattr(device_render, "row_tables", changed)
 
 
 def _swap_xy(ints, floats):
     for layer in (0, 1):
-        inverse = floats[:, layer * render_kernels.LAYER_FLOATS :][:, :9].reshape(-1, 3, 3)
+        inverse = floats[:, layer * kernels.LAYER_FLOATS :][:, :9].reshape(-1, 3, 3)
         inverse[:] = inverse[:, [1, 0, 2]][:, :, [1, 0, 2]]
 
 
 def _half_pixel(ints, floats):
     for layer in (0, 1):
-        floats[:, layer * render_kernels.LAYER_FLOATS + 10] += 0.5
-        floats[:, layer * render_kernels.LAYER_FLOATS + 12] += 0.5
+        floats[:, layer * kernels.LAYER_FLOATS + 10] += 0.5
+        floats[:, layer * kernels.LAYER_FLOATS + 12] += 0.5
 
 
 def _align_corners_taps(dst, src_size, dst_size):
@@ -143,9 +143,9 @@ def test_the_tolerance_catches_a_wrong_geometry(label_set, monkeypatch, fault):
     elif fault == "half-pixel shift":
         _tables_changed(monkeypatch, _half_pixel)
     elif fault == "align_corners flipped":
-        monkeypatch.setattr(render_kernels, "_taps", _align_corners_taps)
+        monkeypatch.setattr(kernels, "_taps", _align_corners_taps)
     else:
-        monkeypatch.setattr(render_kernels, "_PAD", 0.0)
+        monkeypatch.setattr(kernels, "_PAD", 0.0)
     broken, _ = rendered_and_reference(dataset, keys)
     with pytest.raises(AssertionError):
         assert_close_images(broken, ref, hsv=False)
@@ -179,7 +179,7 @@ def test_the_kernels_hsv_is_opencvs_8_bit_round_trip(gains):
 def test_each_hsv_gain_left_out_fails(label_set, monkeypatch, gain):
     # The sharp test: the kernel's round trip against OpenCV's on the same pixels, to a level, at the default hyp's
     # hue gain (1 +- 0.015, too small for the images' tolerance to see); and the images' tolerance for the others
-    column = render_kernels.GAINS + ["hue", "saturation", "value"].index(gain)
+    column = kernels.GAINS + ["hue", "saturation", "value"].index(gain)
     bgr = np.random.default_rng(1).integers(0, 256, (40, 40, 3), dtype=np.uint8)
     gains = [1.015, 0.7, 1.3]
     _tables_changed(monkeypatch, lambda ints, floats: floats[:, column].__setitem__(slice(None), 1.0))
@@ -249,7 +249,7 @@ def test_large_sources_are_decoded_and_resized_a_group_at_a_time(label_set, monk
 
     monkeypatch.setattr(EAGER.decoder, "decode", decode_a_group)
     monkeypatch.setattr(EAGER, "_sources", sources_of_a_group)
-    monkeypatch.setattr(device_augment, "DECODE_GROUP_BYTES", budget)
+    monkeypatch.setattr(device_render, "DECODE_GROUP_BYTES", budget)
     assert torch.equal(EAGER(batch, to_float=False), whole)
     assert alive == [0] * len(calls)
     size = {path: 3 * h * w for path, (h, w) in zip(batch.paths, batch.originals)}
@@ -263,9 +263,9 @@ def test_mixup_is_rendered_only_where_a_sample_has_one(label_set, monkeypatch):
     mixed = sum(recipe.mix is not None for recipe in batch.recipes)
     assert 0 < mixed < len(batch)
     calls = []
-    render = render_kernels.render_rows
+    render = kernels.render_rows
     monkeypatch.setattr(
-        device_augment, "render_rows", lambda *a, **k: calls.append((len(a[1]), a[6])) or render(*a, **k)
+        device_render, "render_rows", lambda *a, **k: calls.append((len(a[1]), a[6])) or render(*a, **k)
     )
     got = EAGER(batch, to_float=False)
     assert calls == [(len(batch), 1), (max(mixed, 2), 2)]  # every sample's first layer; the mixups' two
@@ -340,6 +340,6 @@ def test_one_line_says_where_the_images_are_made_and_why(monkeypatch):
     assert "--cache ram" in augment_choice("auto", "cuda", cache="ram")[1]
     place, line = augment_choice("device", "cpu")
     assert place == "device" and line.startswith("images made on the device cpu (--augment-on device): decoded by")
-    monkeypatch.setattr(device_augment, "jpeg_decoder", lambda device: None)  # a GPU host where no decoder loads
+    monkeypatch.setattr(device_render, "jpeg_decoder", lambda device: None)  # a GPU host where no decoder loads
     place, line = augment_choice("auto", "cuda:0")
     assert place == "workers" and "no JPEG decoder loads on cuda:0" in line

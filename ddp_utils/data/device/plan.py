@@ -1,9 +1,9 @@
 """The tables a batch's render reads, made on the host from its recipes: one array, one copy to the device.
 
-``render_kernels.py`` takes a batch as a few small tables: where each tile's pixels are and how they
+``kernels.py`` takes a batch as a few small tables: where each tile's pixels are and how they
 are laid out, and per output row (sample) its layers' inverse transforms, placements, crops, mixup
 weights, HSV gains and flips. They are made here with NumPy from the
-:class:`~ddp_utils.data.recipes.RecipeBatch` (no device work), packed into one byte array, and
+:class:`~ddp_utils.data.device.recipes.RecipeBatch` (no device work), packed into one byte array, and
 copied to the device in one transfer (:func:`tables_on`), where they are read as views.
 
 A row table always holds two rows at least (a lone row is repeated): the compiled kernels then
@@ -19,8 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .recipes import Recipe
-from .render_kernels import (
+from .kernels import (
     FLIP_LR,
     FLIP_UD,
     GAINS,
@@ -32,6 +31,7 @@ from .render_kernels import (
     ROW_FLOATS,
     TILE_COLUMNS,
 )
+from .recipes import Recipe
 
 
 class Layout(NamedTuple):
@@ -54,7 +54,7 @@ def bgr_layout(start: int, width: int) -> Layout:
 
 
 def padded_layouts(count: int, side: int) -> list[Layout]:
-    """The tiles :func:`~ddp_utils.data.render_kernels.resize_tiles` writes: each in its own ``side``-square."""
+    """The tiles :func:`~ddp_utils.data.device.kernels.resize_tiles` writes: each in its own ``side``-square."""
     return [Layout(t * 3 * side * side, side * side, side, 1) for t in range(count)]
 
 

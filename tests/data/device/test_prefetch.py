@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddp_utils.data.device.prefetch import DevicePrefetcher, to_device_batch
 from ddp_utils.data.loader import create_dataloader
-from ddp_utils.data.prefetch import DevicePrefetcher, to_device_batch
 from ddp_utils.data.synthetic import make_shapes_dataset
 from tests.workers.data_scenarios import HYP
 
@@ -96,7 +96,7 @@ def test_cuda_prefetcher_reserves_no_more_memory_epoch_after_epoch():
 def test_images_to_float_is_one_allocation_with_the_old_values(channels_last):
     from ddp_utils.data import images_to_float
 
-    from ..hostwait import HostWaitCounter
+    from tests.hostwait import HostWaitCounter
 
     imgs = torch.randint(0, 256, (3, 3, 17, 9), dtype=torch.uint8)
     old = imgs.float() / 255
@@ -114,10 +114,10 @@ def test_images_to_float_is_one_allocation_with_the_old_values(channels_last):
 @pytest.fixture
 def eager_render(monkeypatch):
     # the fast tier compiles nothing: the process's CPU renderer runs its kernels eagerly (the same code)
-    import ddp_utils.data.device_augment as device_augment
+    import ddp_utils.data.device.render as device_render
 
-    monkeypatch.setattr(device_augment, "_RENDERERS", {})
-    device_augment.renderer_for("cpu", compiled=False)
+    monkeypatch.setattr(device_render, "_RENDERERS", {})
+    device_render.renderer_for("cpu", compiled=False)
 
 
 @pytest.fixture(scope="module")
@@ -130,14 +130,14 @@ def test_decode_and_render_run_on_the_loader_thread_and_the_training_thread_neve
 ):
     import threading
 
-    import ddp_utils.data.device_augment as device_augment
-    from ddp_utils.data.decode import jpeg_decoder
+    import ddp_utils.data.device.render as device_render
+    from ddp_utils.data.device.decode import jpeg_decoder
 
-    from ..hostwait import HostWaitCounter
+    from tests.hostwait import HostWaitCounter
 
     threads = {"decode": set(), "render": set()}
     decoder = jpeg_decoder("cpu")
-    decode, render = decoder.decode, device_augment.render_rows
+    decode, render = decoder.decode, device_render.render_rows
 
     def decode_here(*args, **kwargs):
         threads["decode"].add(threading.current_thread().name)
@@ -148,7 +148,7 @@ def test_decode_and_render_run_on_the_loader_thread_and_the_training_thread_neve
         return render(*args, **kwargs)
 
     monkeypatch.setattr(decoder, "decode", decode_here)
-    monkeypatch.setattr(device_augment, "render_rows", render_here)
+    monkeypatch.setattr(device_render, "render_rows", render_here)
     loader, _ = create_dataloader(
         recipe_root / "images" / "train", 64, 4, 32, hyp=HYP, augment=True, shuffle=True, seed=3, augment_on="device"
     )
@@ -163,7 +163,7 @@ def test_decode_and_render_run_on_the_loader_thread_and_the_training_thread_neve
 
 
 def test_the_loader_thread_raises_in_the_callers_thread_and_stops_when_closed():
-    from ddp_utils.data.prefetch import LoaderThread
+    from ddp_utils.data.device.prefetch import LoaderThread
 
     def batches():
         yield 1
