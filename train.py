@@ -144,8 +144,8 @@ def build_loaders(run: Run, info: du.DistInfo, gs: int, device: torch.device) ->
     train_options = dict(rect=opt.rect, image_weights=opt.image_weights, quad=opt.quad, shuffle=True, seed=opt.seed)
     place, line = du.data.augment_choice(opt.augment_on, device, opt.quad, opt.cache)  # CUDA: the device
     du.LOGGER.info(f"train: {line}")
-    if place == "device":  # its kernels compiled in the background, off the first step's path
-        du.data.renderer_for(device).warm_up(run.imgsz, channels_last=run.channels_last)
+    if place == "device":  # its kernels made ready beside the run (compiled once per machine); uncompiled until then
+        du.data.renderer_for(device).prepare(run.channels_last, mixup=du.data.hyp_value(run.hyp, "mixup") > 0)
     train_options["augment_on"] = place
     train_loader, dataset = du.create_dataloader(
         run.data["train"], run.imgsz, batch, gs, augment=True, prefix="train: ", **train_options, **common

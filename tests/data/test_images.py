@@ -386,7 +386,7 @@ def test_a_training_loader_names_each_odd_jpeg_once_and_prints_no_libjpeg_text(t
     for kind, why in {
         "overwritten": "damaged JPEG data (libjpeg: Corrupt JPEG data: ",
         "truncated": "corrupt image, skipped",
-        "progressive": "a progressive JPEG, which the device's batched decode does not take",
+        "progressive": "a progressive JPEG, which nvJPEG's batched decode (the device path on a GPU) does not take",
         "grey": "a greyscale JPEG, which",
         "cmyk": "a CMYK (4-component) JPEG, which",
         "rgb_coded": "an RGB-coded (not YCbCr) JPEG, which",

@@ -12,6 +12,9 @@ training process makes the pixels. What lives where, in the order a batch meets 
 - ``decode.py``: JPEGs decoded in batches on the device, guarded against writing into memory queued work reads;
 - ``plan.py``: the tables a batch's render reads, made on the host and copied in one transfer;
 - ``kernels.py``: the resize and the render, each one compiled kernel, written once in tensor operations;
+- ``compiled.py``: those kernels made ready beside the run (the uncompiled form serves until they are, and wherever
+  one fails); ``kernel_cache.py``: where the compiled kernels are kept, once per machine, and how they run;
+  ``kernel_compile.py``: the compile, in a process of its own;
 - ``reference.py``: the same images said slowly in another form, the oracle the tests compare with.
 """
 

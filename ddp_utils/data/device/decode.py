@@ -17,8 +17,8 @@ reader; the caller's stream waits for the decode's event, and each output is mar
 (``record_stream``), so its block goes back to the decoder's pool only once the caller's work on it
 has run. On the CPU there are no streams and the order is the program's.
 
-A batch the library refuses (a corrupt file fails the whole call) is split in halves and each half
-decoded again, so only the files that fail cost a second try; they come back as None, for the caller
+A batch the library refuses (a corrupt file fails the whole call, whatever it raises) is split in halves and each
+half decoded again, so only the files that fail cost a second try; they come back as None, for the caller
 to decode on the host.
 """
 
@@ -161,11 +161,16 @@ class JpegDecoder:
         # one call for the batch; where it fails, each half again: only the failing files cost more calls
         try:
             return self.backend(tensors, self.device, paths)
-        except (RuntimeError, ValueError):
+        except Exception:  # noqa: BLE001 (whatever the library raises for a file: only the failing files cost more)
             if len(tensors) == 1:
                 return [None]
             half = len(tensors) // 2
             return self._halving(tensors[:half], paths[:half]) + self._halving(tensors[half:], paths[half:])
+
+
+def _on_device(image: torch.Tensor, device: torch.device) -> bool:
+    # a library that decodes on the host when asked for the GPU is not a GPU decoder (its pixels would cross back)
+    return image.device.type == device.type and (device.index is None or image.device.index == device.index)
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
@@ -201,7 +206,7 @@ def _first_that_decodes(device: torch.device) -> JpegDecoder | None:
             image = decoder.decode([probe])[0]
         except Exception:  # noqa: BLE001 (a library that loads but cannot decode here: the next one)
             continue
-        if image is not None and tuple(image.shape) == (3, 8, 8):
+        if image is not None and tuple(image.shape) == (3, 8, 8) and _on_device(image, device):
             return decoder
     return None
 

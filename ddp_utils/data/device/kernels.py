@@ -17,6 +17,14 @@ order with OpenCV's transparent border on its 1/32-pixel grid, blends the mixup'
 (``layers=2``), applies OpenCV's 8-bit HSV round trip in 32-bit integers with the row's gains, and
 writes the three channels once, as float32 ``0-1`` (``channels_last`` or not) or uint8.
 
+The same numbers whichever form runs them. Every operation is pointwise and each is IEEE float32 or integer
+arithmetic the eager operators and the compiled kernel both round once: Inductor is told to keep eager's numerics
+(no fused multiply-adds, round-to-nearest division; ``kernel_compile.py``), and the one division that eager CUDA
+turns into a multiplication by the reciprocal, the level over 255, is a lookup in a table of the 256 float levels
+(:func:`float_levels`, made by the workers path's own division on the device). So a batch is equal bit for bit
+whether the compiled kernels or their eager form made it, and where a run switches from one to the other changes
+nothing (``tests/data/device/test_compiled.py``).
+
 The numbers each reproduces, and why, are ``render.py``'s; ``reference.py`` says the
 same slowly in another form (``grid_sample``, ``F.interpolate``), the oracle the tests compare with.
 """
@@ -114,6 +122,7 @@ def render_rows(
     ints: torch.Tensor,
     floats: torch.Tensor,
     tables: torch.Tensor,
+    levels: torch.Tensor,
     ys: torch.Tensor,
     xs: torch.Tensor,
     layers: int = 1,
@@ -131,6 +140,7 @@ def render_rows(
         ints: int64 ``[n, 2 * LAYER_INTS]``, the placements of each row's two layers.
         floats: float32 ``[n, ROW_FLOATS]``, the transforms, the mixup, the gains and the flips.
         tables: int32 ``[2, 256]``: ``S_TABLE`` and ``H_TABLE`` (OpenCV's BGR2HSV divisions).
+        levels: float32 ``[256]``: each level's float value (:func:`float_levels`).
         ys: float32 ``[2, h]``: the output's rows, then the same flipped (:func:`coordinates`).
         xs: float32 ``[2, w]``: its columns, then the same flipped.
         layers: 1 (the mixup, if any, left out) or 2 (every row mixes its two layers).
@@ -153,8 +163,21 @@ def render_rows(
     if not to_float:
         return torch.stack(rgb, 1).to(torch.uint8)
     if channels_last:
-        return (torch.stack(rgb, -1) / 255.0).permute(0, 3, 1, 2)
-    return torch.stack(rgb, 1) / 255.0
+        return levels[torch.stack(rgb, -1).long()].permute(0, 3, 1, 2)
+    return levels[torch.stack(rgb, 1).long()]
+
+
+def float_levels(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The 256 levels as the step's float32 ``0-1`` values, made on ``device`` by the division the workers path's
+    batches get there (``images_to_float``): the render looks its output up here, so both forms, and both paths,
+    give a level the same float.
+
+    Examples:
+        >>> levels = float_levels()
+        >>> torch.equal(levels, torch.arange(256).float() / 255), levels.dtype
+        (True, torch.float32)
+    """
+    return torch.arange(256, dtype=torch.float32, device=device).div_(255)
 
 
 def _layer(tiles, ints, row, layer, ys, xs) -> list[torch.Tensor]:
@@ -235,4 +258,4 @@ def _hsv_round_trip(rgb, gains, tables) -> list[torch.Tensor]:
     return out
 
 
-__all__ = ["H_TABLE", "S_TABLE", "coordinates", "render_rows", "resize_tiles"]
+__all__ = ["H_TABLE", "S_TABLE", "coordinates", "float_levels", "render_rows", "resize_tiles"]

@@ -32,6 +32,7 @@ from ..augment import letterbox_geometry
 from ..geometry import lands_in, mosaic_labels, mosaic_layout, perspective_labels, perspective_matrix, tile_placement
 from ..headers import batch_decode_unfit, jpeg_frame
 from ..images import image_noted, load_image, note_bad_image, resized_shape
+from .plan import RowPlan, row_plan
 
 _Dataset = Any  # a YoloDataset: dataset.py imports this module, not the other way round
 
@@ -100,6 +101,8 @@ class RecipeBatch(NamedTuple):
         sizes: per source, its tile's (h, w).
         originals: per source, the (h, w) it decodes to (the tile's for pixels).
         paths: per source, its file (named when it cannot be decoded).
+        plan: the recipes' half of the render's tables (:func:`~ddp_utils.data.device.plan.row_plan`), made where
+            the batch is (a loader worker), so that the training process does not loop over the samples.
     """
 
     recipes: list[Recipe]
@@ -109,6 +112,7 @@ class RecipeBatch(NamedTuple):
     sizes: list[tuple[int, int]]
     originals: list[tuple[int, int]]
     paths: list[str]
+    plan: RowPlan
 
     def __len__(self) -> int:  # the number of samples, as a batch of images has
         return len(self.recipes)
@@ -132,7 +136,8 @@ def pack_sources(
     paths: Sequence[str],
 ) -> RecipeBatch:
     """A :class:`RecipeBatch` from each source's bytes (a JPEG) or tile (a BGR array): the JPEGs, then the pixels,
-    copied once into one tensor in shared memory when made in a loader worker (torch sends it as is).
+    copied once into one tensor in shared memory when made in a loader worker (torch sends it as is), and the
+    recipes' plan of the render's tables.
 
     Args:
         recipes: the samples' recipes, their placements numbering ``sources``.
@@ -153,7 +158,8 @@ def pack_sources(
         buffer[start : start + lengths[i]] = np.frombuffer(source, np.uint8) if jpeg[i] else source.reshape(-1)
         spans[i], start = (start, start + lengths[i]), start + lengths[i]
     originals = [tuple(originals[i]) if jpeg[i] else tuple(sizes[i]) for i in range(len(sources))]
-    return RecipeBatch(recipes, data, spans, jpeg, [tuple(s) for s in sizes], originals, list(paths))
+    sizes = [tuple(s) for s in sizes]
+    return RecipeBatch(recipes, data, spans, jpeg, sizes, originals, list(paths), row_plan(recipes))
 
 
 def plan_sample(dataset: _Dataset, key: Any) -> tuple[Recipe, torch.Tensor, str, Any]:
@@ -285,7 +291,7 @@ def image_source(dataset: _Dataset, i: int) -> bytes | np.ndarray:
             unfit = batch_decode_unfit(frame)
             if unfit is None:
                 return data
-            note_bad_image(path, f"{unfit}, which the device's batched decode does not take")
+            note_bad_image(path, f"{unfit}, which nvJPEG's batched decode (the device path on a GPU) does not take")
     return np.ascontiguousarray(dataset.load_image(i)[0])
 
 

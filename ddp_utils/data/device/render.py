@@ -17,27 +17,27 @@ batch size, the number of image sizes or the mixup rate:
    (``channels_last``); the samples with a mixup, and only those, are rendered again with both layers
    by a second kernel and put in their places.
 
-Both kernels are ``torch.compile``'d (Inductor: Triton on CUDA, C++ on the CPU) and compiled ahead
-(:meth:`Renderer.warm_up`, in the background); where no compiler works, the same functions run eagerly,
-in chunks of bounded memory. Sources larger than a budget (12-megapixel photos) are decoded and resized
-a group at a time, so each original is freed once its tile exists. On the CPU
+Both kernels are compiled ahead of time, once per machine, by a process of their own
+(``compiled.py``, ``kernel_cache.py``, ``kernel_compile.py``), for exactly the kernels the run renders with
+(:meth:`Renderer.prepare`); until they are ready, and wherever one fails, the same functions run uncompiled, in
+chunks of bounded memory, and make the same images bit for bit. Sources larger than a budget (12-megapixel
+photos) are decoded and resized a group at a time, so each original is freed once its tile exists. On the CPU
 ``tests/data/device/test_render.py`` compares the images with the CPU path's for the same draws.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Callable, Sequence
 
 import cv2
 import numpy as np
 import torch
 
-from ...log import LOGGER
 from ..images import image_noted, note_bad_image
+from .compiled import CompiledKernels
 from .decode import jpeg_decoder
-from .kernels import H_TABLE, S_TABLE, coordinates, render_rows, resize_tiles
+from .kernel_cache import kernels_for
+from .kernels import H_TABLE, S_TABLE, coordinates, float_levels, render_rows, resize_tiles
 from .plan import Layout, bgr_layout, chw_layout, padded_layouts, row_tables, tables_on, tile_table
 from .recipes import Layer, Placement, Recipe, RecipeBatch, decode_on_host, pack_sources
 
@@ -50,7 +50,7 @@ class Renderer:
 
     Args:
         device: where to decode and render.
-        compiled: compile the kernels (default: where ``torch.compile`` works); False runs them eagerly.
+        compiled: run the compiled kernels once they are ready (default), or never (False: the uncompiled form).
 
     Examples:
         >>> renderer = Renderer("cpu", compiled=False)
@@ -58,11 +58,13 @@ class Renderer:
         (3, 3, 48, 48)
     """
 
-    def __init__(self, device: torch.device | str, compiled: bool | None = None) -> None:
+    def __init__(self, device: torch.device | str, compiled: bool = True) -> None:
         self.device = torch.device(device)
         self.decoder = jpeg_decoder(self.device)
         self.compiled = compiled
-        self._hsv: torch.Tensor | None = None
+        self.kernels = CompiledKernels(self.device) if compiled else None
+        self.calls: dict[str, tuple] | None = None  # a dict: each kernel's first inputs kept (the compile's examples)
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # the HSV tables and the float levels
         self._spans: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, batch: RecipeBatch, to_float: bool = True, channels_last: bool = True) -> torch.Tensor:
@@ -71,33 +73,26 @@ class Renderer:
         if any(recipe.size != (h, w) for recipe in batch.recipes):  # the loader's batches share one shape
             raise ValueError(f"a batch's images differ in size: {sorted({r.size for r in batch.recipes})}")
         tiles, layouts = self._tiles(batch)
-        recipes, n = batch.recipes, len(batch)
-        mixed = [i for i, recipe in enumerate(recipes) if recipe.mix is not None]
-        arrays = [*row_tables(recipes, layouts)]
-        if mixed:
-            arrays += [*row_tables([recipes[i] for i in mixed], layouts), np.array(mixed, np.int64)]
+        n, plan = len(batch), batch.plan
+        mixed = np.array([i for i, recipe in enumerate(batch.recipes) if recipe.mix is not None], np.int64)
+        arrays = [*row_tables(plan, layouts)]
+        if len(mixed):
+            arrays += [*row_tables(plan.rows(mixed), layouts), mixed]
         tables = tables_on(self.device, arrays)
-        options = dict(to_float=True, channels_last=channels_last)  # one compiled kernel; uint8 made from it
         if len(mixed) == n:  # every sample mixes: its second kernel alone
-            out = self._render(tiles, *tables[2:4], (h, w), 2, options)[:n]
+            out = self._render(tiles, *tables[2:4], (h, w), 2, channels_last)[:n]
         else:
-            out = self._render(tiles, *tables[:2], (h, w), 1, options)[:n]
-            if mixed:  # the samples with a mixup, and only those, with both layers
-                out[tables[4]] = self._render(tiles, *tables[2:4], (h, w), 2, options)[: len(mixed)]
+            out = self._render(tiles, *tables[:2], (h, w), 1, channels_last)[:n]
+            if len(mixed):  # the samples with a mixup, and only those, with both layers
+                out[tables[4]] = self._render(tiles, *tables[2:4], (h, w), 2, channels_last)[: len(mixed)]
         return out if to_float else out.mul_(255).round_().to(torch.uint8)
 
-    def warm_up(self, side: int, channels_last: bool = True) -> threading.Thread:
-        """Compile the kernels for images of ``side`` (``--imgsz``) now, in a background thread (off the first step's
-        path); returns the thread.
-
-        Inductor keeps what it compiled on disk (``TORCHINDUCTOR_CACHE_DIR``, by default under the temporary
-        directory): a later run loads it in seconds. The thread is not a daemon: a run shorter than the compile
-        waits for it at exit (a daemon thread inside the compiler when the interpreter ends aborts the process).
-        """
-        thread = threading.Thread(target=self, args=(warm_up_batch(side),), kwargs=dict(channels_last=channels_last))
-        thread.name = "ddp_utils-render-compile"
-        thread.start()
-        return thread
+    def prepare(self, channels_last: bool = True, mixup: bool = True) -> None:
+        """Have the kernels a run renders with made ready beside it: loaded where this machine compiled them before,
+        else compiled in a process of their own (``compiled.py``); returns at once. ``mixup``: the hyp draws mixups
+        (without, the mixups' kernel is never compiled). A kernel not prepared is asked for at its first use."""
+        if self.kernels is not None:
+            self.kernels.start(kernels_for(channels_last, mixup))
 
     # ---- the tiles ----
     def _tiles(self, batch: RecipeBatch) -> tuple[torch.Tensor, list[Layout]]:
@@ -155,25 +150,42 @@ class Renderer:
     # ---- the kernels ----
     def _resize(self, flat: torch.Tensor, table: torch.Tensor, side: int) -> torch.Tensor:
         span = self._coordinates(side)[0]
-        if self._compiling():
-            return self._compiled(resize_tiles, (flat, table, span), [(flat, 0), (table, 0)])
-        step = max(_EAGER_PIXELS // side**2, 1)
-        return torch.cat([resize_tiles(flat, table[k : k + step], span) for k in range(0, len(table), step)])
 
-    def _render(self, tiles, ints, floats, size, layers, options) -> torch.Tensor:
-        if self._hsv is None:
-            (self._hsv,) = tables_on(self.device, [np.stack((S_TABLE, H_TABLE))])
+        def uncompiled() -> torch.Tensor:
+            step = max(_EAGER_PIXELS // side**2, 1)
+            return torch.cat([resize_tiles(flat, table[k : k + step], span) for k in range(0, len(table), step)])
+
+        return self._run("resize", (flat, table, span), uncompiled)
+
+    def _render(self, tiles, ints, floats, size, layers, channels_last) -> torch.Tensor:
+        if self._tables is None:
+            (hsv,) = tables_on(self.device, [np.stack((S_TABLE, H_TABLE))])
+            self._tables = hsv, float_levels(self.device)
         ys, xs = self._coordinates(size[0])[1], self._coordinates(size[1])[1]
-        if self._compiling():
-            args = (tiles, ints, floats, self._hsv, ys, xs, layers)
-            dynamic = [(tiles, 0), (ints, 0), (floats, 0)]
-            return self._compiled(render_rows, args, dynamic, **options)
-        step = max(_EAGER_PIXELS // (size[0] * size[1]), 1)
-        parts = [
-            render_rows(tiles, ints[k : k + step], floats[k : k + step], self._hsv, ys, xs, layers, **options)
-            for k in range(0, len(ints), step)
-        ]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        inputs = (tiles, ints, floats, *self._tables, ys, xs)
+        name = ("render_mixup" if layers == 2 else "render") + ("_cl" if channels_last else "")
+
+        def uncompiled() -> torch.Tensor:
+            step = max(_EAGER_PIXELS // (size[0] * size[1]), 1)
+            parts = [
+                render_rows(tiles, ints[k : k + step], floats[k : k + step], *inputs[3:], layers, True, channels_last)
+                for k in range(0, len(ints), step)
+            ]
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+        return self._run(name, inputs, uncompiled)
+
+    def _run(self, name: str, inputs: tuple, uncompiled: Callable[[], torch.Tensor]) -> torch.Tensor:
+        # the compiled kernel where it is ready, else its uncompiled form: the same numbers (kernels.py)
+        if self.calls is not None:
+            self.calls.setdefault(name, inputs)
+        kernel = self.kernels.ready(name) if self.kernels is not None else None
+        if kernel is not None:
+            try:
+                return kernel(*inputs)
+            except Exception as exc:  # noqa: BLE001 (any failure of a compiled kernel: one line, then uncompiled)
+                self.kernels.failed(name, exc)
+        return uncompiled()
 
     def _coordinates(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         # made once per size on the device (no launch per batch)
@@ -181,33 +193,16 @@ class Renderer:
             self._spans[size] = coordinates(size, self.device)
         return self._spans[size]
 
-    def _compiling(self) -> bool:
-        if self.compiled is None:  # the first use decides: compiled where Inductor works here
-            self.compiled = inductor_works(self.device)
-        return self.compiled
-
-    def _compiled(self, function: Callable, args: tuple, dynamic: list, **kwargs) -> torch.Tensor:
-        # The sizes that vary from batch to batch (rows, sources) are symbols from the first compilation; the image
-        # size is a constant there (a run renders one size; a symbol for it triples the tracing), and becomes a
-        # symbol at a second size (rect batches) by torch.compile's own automatic dynamic shapes: two at most.
-        for tensor, dim in dynamic:
-            torch._dynamo.mark_dynamic(tensor, dim)
-        with _COMPILE_LOCK:  # one compilation at a time (the warm-up thread and the loader's may meet)
-            if function not in _COMPILED:
-                _COMPILED[function] = torch.compile(function, fullgraph=True)
-        with _inductor_options():
-            return _COMPILED[function](*args, **kwargs)
-
 
 _RENDERERS: dict[torch.device, Renderer] = {}
 
 
 def renderer_for(device: torch.device | str, compiled: bool | None = None) -> Renderer:
     """The process's :class:`Renderer` for ``device`` (its compiled kernels and decoder made once), the one the
-    prefetcher renders with; ``compiled`` (True or False) replaces it by one that compiles its kernels, or not."""
+    prefetcher renders with; ``compiled`` (True or False) replaces it by one that runs compiled kernels, or not."""
     device = torch.device(device)
     if device not in _RENDERERS or compiled not in (None, _RENDERERS[device].compiled):
-        _RENDERERS[device] = Renderer(device, compiled)
+        _RENDERERS[device] = Renderer(device, True if compiled is None else compiled)
     return _RENDERERS[device]
 
 
@@ -346,40 +341,9 @@ def _host_tile(batch: RecipeBatch, i: int) -> np.ndarray:
                           batch.paths[i])  # fmt: skip
 
 
-_COMPILED: dict[Callable, Callable] = {}
-_COMPILE_LOCK = threading.RLock()
-_WORKS: dict[str, bool] = {}
-
-
-def _inductor_options() -> contextlib.AbstractContextManager:
-    # The C++ backend's vectorisation buys nothing for kernels of gathers (the same time for a 640 px batch of 64)
-    # and costs most of the compile (a quarter of the time without it): the CPU kernels are compiled scalar.
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch({"cpp.vec_isa_ok": False})
-
-
-def inductor_works(device: torch.device) -> bool:
-    """Whether ``torch.compile`` (Inductor) compiles here for ``device``'s kind (a C++ compiler for the CPU,
-    Triton for CUDA): one tiny kernel compiled, once per process; where it cannot, the log says so once and the
-    device render runs its kernels uncompiled (slower, the same numbers)."""
-    kind = torch.device(device).type
-    with _COMPILE_LOCK:
-        if kind not in _WORKS:
-            try:
-                torch.compile(lambda x: x * 2 + 1, dynamic=False)(torch.ones(4, device=device))
-                _WORKS[kind] = True
-            except Exception as exc:  # noqa: BLE001 (any compiler failure: the eager form computes the same)
-                LOGGER.warning(f"torch.compile cannot compile for {kind} here ({type(exc).__name__}: {exc}); "
-                               "the device render runs uncompiled, slower")  # fmt: skip
-                _WORKS[kind] = False
-        return _WORKS[kind]
-
-
 def warm_up_batch(side: int = 56) -> RecipeBatch:
     """A small batch of every kind the kernels take (a resize, a mixup, HSV, flips), its output ``side`` square
-    and its tiles' long side ``side``, as a run at ``--imgsz side`` makes them: what :meth:`Renderer.warm_up`
-    renders to compile the kernels for that run."""
+    and its tiles' long side ``side``: the examples the kernels are compiled from (``kernel_compile.py``)."""
     rng = np.random.default_rng(0)
     h, w = side, side * 2 // 3  # the tiles: portrait, as a mosaic's four would fit a canvas of 2 side
     jpegs = [cv2.imencode(".jpg", rng.integers(0, 256, (h // 2, w // 2, 3), dtype=np.uint8))[1].tobytes()] * 2
@@ -406,7 +370,6 @@ __all__ = [
     "Renderer",
     "augment_choice",
     "augment_place",
-    "inductor_works",
     "render_batch",
     "renderer_for",
     "warm_up_batch",

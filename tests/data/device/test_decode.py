@@ -60,14 +60,20 @@ def test_the_decode_runs_on_its_own_stream_and_is_handed_over_before_the_caller_
     ]
 
 
-def test_a_refused_batch_is_halved_so_only_the_bad_file_costs_more():
+@pytest.mark.parametrize(
+    "refusal",
+    [RuntimeError("Image is incomplete or truncated"), ValueError("bad marker"), OSError(5, "I/O"), KeyError(0)],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_refused_batch_is_halved_so_only_the_bad_file_costs_more(refusal):
+    # whatever a library raises for a file (torch's AcceleratorError, an OSError, a KeyError...): the batch is halved
     calls = []
     real = jpeg_decoder("cpu").backend
 
     def backend(datas, device, paths):
         calls.append(list(paths))
         if "bad" in paths:
-            raise RuntimeError("Image is incomplete or truncated")  # a batched library fails the whole call
+            raise refusal  # a batched library fails the whole call
         return real(datas, device, paths)
 
     names = [f"f{k}" for k in range(7)] + ["bad"]
@@ -107,6 +113,22 @@ def test_a_library_that_cannot_decode_here_is_passed_over(monkeypatch):
     monkeypatch.setattr(decode, "_DECODERS", {})
     monkeypatch.setitem(decode.BACKENDS, "cpu", [broken])
     assert jpeg_decoder("cpu") is None
+
+
+def test_a_library_whose_pixels_land_elsewhere_is_no_decoder_for_the_device(monkeypatch):
+    # TorchCodec without its CUDA decoder may hand back host tensors when asked for the GPU: not a GPU decoder
+    def elsewhere():
+        def backend(datas, device, paths):
+            return [torch.zeros((3, 8, 8), dtype=torch.uint8, device="meta") for _ in datas]
+
+        return backend, "elsewhere"
+
+    monkeypatch.setattr(decode, "_DECODERS", {})
+    monkeypatch.setitem(decode.BACKENDS, "cpu", [elsewhere])
+    assert jpeg_decoder("cpu") is None
+    monkeypatch.setattr(decode, "_DECODERS", {})
+    monkeypatch.setitem(decode.BACKENDS, "cpu", [elsewhere, decode._simplejpeg_backend])
+    assert jpeg_decoder("cpu").name.startswith("libjpeg-turbo through simplejpeg")
 
 
 @pytest.mark.parametrize("make", [decode._torchcodec_backend, decode._torchvision_backend])

@@ -95,7 +95,6 @@ def test_cuda_prefetcher_reserves_no_more_memory_epoch_after_epoch():
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_images_to_float_is_one_allocation_with_the_old_values(channels_last):
     from ddp_utils.data import images_to_float
-
     from tests.hostwait import HostWaitCounter
 
     imgs = torch.randint(0, 256, (3, 3, 17, 9), dtype=torch.uint8)
@@ -132,7 +131,6 @@ def test_decode_and_render_run_on_the_loader_thread_and_the_training_thread_neve
 
     import ddp_utils.data.device.render as device_render
     from ddp_utils.data.device.decode import jpeg_decoder
-
     from tests.hostwait import HostWaitCounter
 
     threads = {"decode": set(), "render": set()}

@@ -138,7 +138,8 @@ def test_jpegs_a_batched_device_decode_does_not_take_travel_as_pixels_named_once
     unfit = {"progressive": "a progressive JPEG", "grey": "a greyscale JPEG", "cmyk": "a CMYK (4-component) JPEG"}
     unfit["rgb_coded"] = "an RGB-coded (not YCbCr) JPEG"
     assert sorted(said) == sorted(
-        f"{kinds[k]}: {why}, which the device's batched decode does not take; the CPU decoder's pixels are used"
+        f"{kinds[k]}: {why}, which nvJPEG's batched decode (the device path on a GPU) does not take; "
+        "the CPU decoder's pixels are used"
         for k, why in unfit.items()
     )
 

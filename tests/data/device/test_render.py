@@ -105,8 +105,8 @@ def _tables_changed(monkeypatch, change) -> None:
     # the render's tables as the planner makes them, then changed: a kernel that read them wrongly
     original = plan.row_tables
 
-    def changed(recipes, tiles):
-        ints, floats = original(recipes, tiles)
+    def changed(row_plan, tiles):
+        ints, floats = original(row_plan, tiles)
         change(ints, floats)
         return ints, floats
 
@@ -265,7 +265,7 @@ def test_mixup_is_rendered_only_where_a_sample_has_one(label_set, monkeypatch):
     calls = []
     render = kernels.render_rows
     monkeypatch.setattr(
-        device_render, "render_rows", lambda *a, **k: calls.append((len(a[1]), a[6])) or render(*a, **k)
+        device_render, "render_rows", lambda *a, **k: calls.append((len(a[1]), a[7])) or render(*a, **k)
     )
     got = EAGER(batch, to_float=False)
     assert calls == [(len(batch), 1), (max(mixed, 2), 2)]  # every sample's first layer; the mixups' two

@@ -1,0 +1,220 @@
+"""The device render's kernels compiled ahead of time, in a process of their own, into the machine's cache.
+
+    python -m ddp_utils.data.device.kernel_compile --device cpu --root ~/.cache/ddp_utils/kernels render_cl resize
+
+``compiled.py`` starts it beside a run with the kernels that run renders with, in the order it wants them.
+Each kernel is exported (``torch.export``, its sizes symbols: one compile serves every batch and image size,
+``--rect`` batches included) and compiled by AOTInductor into a shared library (C++ on the CPU, Triton on CUDA),
+then installed in the cache (``kernel_cache.py``), one after the other; one JSON line per kernel, as each is done,
+goes to ``--status``. Processes of one machine compile each kernel once: a lock per kernel, and one that finds it
+installed by another loads it.
+
+Inductor is told to keep eager's numerics: no fused multiply-adds and division rounded to nearest on CUDA, no fast
+math on the CPU (``ffp-contract=off``, its default), so the library computes what the uncompiled form computes,
+bit for bit (``kernels.py``). The CPU kernels are compiled scalar: vectorisation buys nothing for kernels of
+gathers (the same time for a 640 px batch of 64) and costs most of the compile.
+
+It ends itself, and the compiler processes it started, when the process that started it ends (its stdin closes),
+and it takes one core's worth of the CPU at most (a compiler process at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from .kernel_cache import KERNEL_NAMES, entry_path, install
+from .kernels import render_rows, resize_tiles
+
+# Inductor's settings for the kernels (those this torch knows): eager's numerics, scalar C++, kernels in the library
+INDUCTOR_CONFIGS = {
+    "cpp.vec_isa_ok": False,
+    "emulate_precision_casts": True,  # on CUDA: Triton's fp fusion off (no fused multiply-adds)
+    "eager_numerics.division_rounding": True,  # on CUDA: div_rn, as eager's division
+    "eager_numerics.disable_ftz": True,  # on CUDA: subnormals kept, as eager's kernels keep them
+    "aot_inductor.embed_kernel_binary": True,  # on CUDA: the kernels' binaries inside the library
+}
+
+
+class ResizeKernel(torch.nn.Module):
+    """``resize_tiles`` as a module ``torch.export`` takes."""
+
+    def forward(self, sources: torch.Tensor, table: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+        return resize_tiles(sources, table, span)
+
+
+class RenderKernel(torch.nn.Module):
+    """``render_rows`` as a module ``torch.export`` takes, its options bound (float32 output)."""
+
+    def __init__(self, layers: int, channels_last: bool) -> None:
+        super().__init__()
+        self.layers, self.channels_last = layers, channels_last
+
+    def forward(self, tiles, ints, floats, tables, levels, ys, xs) -> torch.Tensor:
+        return render_rows(tiles, ints, floats, tables, levels, ys, xs, self.layers, True, self.channels_last)
+
+
+def kernel_module(name: str) -> torch.nn.Module:
+    """Kernel ``name`` (``kernel_cache.KERNEL_NAMES``) as the module that is exported."""
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"no kernel named {name!r}: one of {', '.join(KERNEL_NAMES)}")
+    if name == "resize":
+        return ResizeKernel()
+    return RenderKernel(2 if name.startswith("render_mixup") else 1, name.endswith("_cl"))
+
+
+def example_inputs(device: torch.device) -> dict[str, tuple]:
+    """Each kernel's inputs as the renderer makes them for a small batch of every kind (a resize, a mixup, HSV,
+    flips): the examples it is exported from."""
+    from .render import Renderer, warm_up_batch  # the renderer's own tables: what the library will be given
+
+    renderer = Renderer(device, compiled=False)
+    renderer.calls = {}
+    batch = warm_up_batch(64)
+    for channels_last in (True, False):
+        renderer(batch, channels_last=channels_last)
+    return renderer.calls
+
+
+def dynamic_shapes(name: str, inputs: tuple) -> tuple:
+    """Which sizes of the kernel's inputs are symbols: the rows, the sources' and tiles' lengths, the image size."""
+    dim = torch.export.Dim
+    if name == "resize":  # sources, the tile table's rows, the tiles' side
+        return ({0: dim("pixels", min=2)}, {0: dim("tiles", min=2)}, {0: dim("side", min=2)})
+    rows = dim("rows", min=2)  # a row table holds two rows at least (plan.py)
+    return ({0: dim("pixels", min=2)}, {0: rows}, {0: rows}, None, None, {1: dim("h", min=2)}, {1: dim("w", min=2)})
+
+
+def inductor_configs() -> dict:
+    """:data:`INDUCTOR_CONFIGS` less the settings this torch does not have."""
+    import torch._inductor.config as config
+
+    known = {}
+    for key, value in INDUCTOR_CONFIGS.items():
+        owner, *path = key.split(".")
+        node = getattr(config, owner, None)
+        for part in path:
+            node = getattr(node, part, None) if node is not None else None
+        if node is not None:
+            known[key] = value
+    return known
+
+
+def compile_kernel(name: str, inputs: tuple, work: Path) -> tuple[list[Path], dict]:
+    """Export and compile kernel ``name`` in ``work``: the library's files (the library, and on CUDA any kernel
+    binaries beside it) and what the cache records of it."""
+    start = time.monotonic()
+    program = torch.export.export(
+        kernel_module(name), inputs, dynamic_shapes=dynamic_shapes(name, inputs), strict=False
+    )
+    package = torch._inductor.aoti_compile_and_package(
+        program, package_path=str(work / f"{name}.pt2"), inductor_configs=inductor_configs()
+    )
+    files = []
+    with zipfile.ZipFile(package) as archive:
+        for member in archive.namelist():
+            parts = member.split("/")
+            if "aotinductor" in parts and not member.endswith((".cpp", ".h", ".o", ".json", "/")):
+                target = work / parts[-1]
+                with archive.open(member) as source, target.open("wb") as out:
+                    shutil.copyfileobj(source, out)
+                files.append(target)
+    libraries = sorted((f for f in files if f.suffix == ".so"), key=lambda f: "wrapper" not in f.name)
+    if not libraries:
+        raise RuntimeError(f"AOTInductor's package {package} holds no library")
+    meta = dict(kernel=name, library=libraries[0].name, outputs=1, torch=torch.__version__,
+                compile_s=round(time.monotonic() - start, 1), created=time.time())  # fmt: skip
+    return files, meta
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (made if missing): one process of the machine at a time."""
+    with path.open("a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def compile_all(names: list[str], device: torch.device, root: Path, status: Path) -> int:
+    """Each kernel of ``names`` into the cache at ``root``, in order, up to the first that fails; a JSON line per
+    kernel to ``status``. Returns how many failed (0 or 1)."""
+    examples, failed = None, 0
+    for name in names:
+        entry = entry_path(root, name, device)
+        report = dict(kernel=name, ok=True, entry=str(entry))
+        try:
+            with locked(root / f".{entry.name}.lock"):
+                if not entry.is_dir():  # another process may have installed it while this one waited
+                    examples = examples or example_inputs(device)
+                    with tempfile.TemporaryDirectory(prefix=f".compile-{name}-", dir=root) as work:
+                        files, meta = compile_kernel(name, examples[name], Path(work))
+                        install(entry, files, meta)
+                        report["compile_s"] = meta["compile_s"]
+        except Exception as exc:  # noqa: BLE001 (any failure of the compiler: the run renders uncompiled)
+            failed += 1
+            report = dict(kernel=name, ok=False, error=_one_line(exc))
+            print(f"kernel_compile: {name} failed; the kernels after it are not compiled", file=sys.stderr)
+            traceback.print_exc()  # the whole story in the log; the run's line says where the log is
+        with status.open("a") as out:
+            out.write(json.dumps(report) + "\n")
+        if failed:  # a compiler that fails on one kernel fails on the next: the run is told once
+            break
+    return failed
+
+
+def _one_line(error: BaseException) -> str:
+    # the most telling line of a compiler's long message: the last "SomethingError: ..." line, else the first
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if line.split(":")[0].endswith(("Error", "Exception"))]
+    text = (named[-1] if named else lines[0] if lines else "") or type(error).__name__
+    return (text if text.split(":")[0].endswith(("Error", "Exception")) else f"{type(error).__name__}: {text}")[:300]
+
+
+def _end_with_the_parent() -> None:
+    # the starter holds our stdin open while it lives: at its end (exit, crash, SIGKILL) this process and the
+    # compiler processes it started (its session) end too
+    def watch() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while sys.stdin.buffer.read(4096):
+                pass
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="ddp_utils-compile-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--root", type=Path, required=True, help="the kernel cache (kernel_cache.cache_root)")
+    parser.add_argument("--status", type=Path, required=True, help="a JSON line per kernel, as each is done")
+    parser.add_argument("--end-with-stdin", action="store_true", help="end when stdin closes (the starter's end)")
+    parser.add_argument("names", nargs="+", choices=KERNEL_NAMES)
+    opt = parser.parse_args(argv)
+    if opt.end_with_stdin:
+        _end_with_the_parent()
+    device = torch.device(opt.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return 1 if compile_all(opt.names, device, opt.root, opt.status) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
