@@ -48,6 +48,7 @@ INDUCTOR_CONFIGS = {
     "eager_numerics.division_rounding": True,  # on CUDA: div_rn, as eager's division
     "eager_numerics.disable_ftz": True,  # on CUDA: subnormals kept, as eager's kernels keep them
     "aot_inductor.embed_kernel_binary": True,  # on CUDA: the kernels' binaries inside the library
+    "cpp.enable_kernel_profile": True,  # on the CPU: each kernel a torch.profiler event, by name (render_ops.py)
 }
 
 
@@ -162,9 +163,11 @@ def compile_all(names: list[str], device: torch.device, root: Path, status: Path
         report = dict(kernel=name, ok=True, entry=str(entry))
         try:
             with locked(root / f".{entry.name}.lock"):
+                for stale in root.glob(f".compile-{entry.name}-*"):  # a compile killed with its run: nobody else's now
+                    shutil.rmtree(stale, ignore_errors=True)
                 if not entry.is_dir():  # another process may have installed it while this one waited
                     examples = examples or example_inputs(device)
-                    with tempfile.TemporaryDirectory(prefix=f".compile-{name}-", dir=root) as work:
+                    with tempfile.TemporaryDirectory(prefix=f".compile-{entry.name}-", dir=root) as work:
                         files, meta = compile_kernel(name, examples[name], Path(work))
                         install(entry, files, meta)
                         report["compile_s"] = meta["compile_s"]

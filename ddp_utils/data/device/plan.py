@@ -39,6 +39,7 @@ from .kernels import (
 _Recipe = Any  # a recipes.Recipe: recipes.py imports this module, not the other way round
 _Layer = Any  # a recipes.Layer
 
+
 class Layout(NamedTuple):
     """Where an image's pixel (c, y, x) is in a flat buffer: ``start + c * cs + y * ys + x * xs``."""
 
