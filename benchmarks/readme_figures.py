@@ -14,7 +14,9 @@ What it measures, and where each figure is stated (README.md, and the docs/ page
 - the model summaries of docs/profiling.md: ``model_info`` of yolov5n and yolov5s at 640 px,
   unfused (the summary line) and fused (the numbers compared with YOLOv5's published table);
 - the JPEG decode ratio of docs/data.md: ``read_image`` (simplejpeg) over ``cv2.imread`` on the
-  main job's validation images.
+  main job's validation images; the PNG one: ``read_image`` (OpenCV, its codecs' stderr caught
+  around the call) over ``cv2.imread`` on the same images written as PNGs; and what that catching costs a
+  decode on its own (``caught_stderr``'s window around nothing, in microseconds).
 
 The README's other figures name their own benchmark; the test-suite duration (docs/development.md) and
 the fault-test timings (docs/reliability.md) come from running the tests, not from here. Never run by the tests.
@@ -140,13 +142,13 @@ def model_sizes() -> dict[str, dict]:
     return sizes
 
 
-def decode_ratio(images: Path, rounds: int = 5) -> float:
-    """Median over rounds of (read_image's time / cv2.imread's time) over every JPEG in ``images``."""
+def decode_ratio(images: Path, rounds: int = 5, suffix: str = ".jpg") -> float:
+    """Median over rounds of (read_image's time / cv2.imread's time) over every ``suffix`` file in ``images``."""
     import cv2
 
     from ddp_utils.data.images import read_image
 
-    files = sorted(images.glob("*.jpg"))
+    files = sorted(images.glob(f"*{suffix}"))
     ratios = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -158,6 +160,30 @@ def decode_ratio(images: Path, rounds: int = 5) -> float:
             read_image(f)
         ratios.append((time.perf_counter() - start) / opencv)
     return statistics.median(ratios)
+
+
+def window_microseconds(windows: int = 20_000, rounds: int = 5) -> float:
+    """Median over rounds of the time one ``caught_stderr`` window takes around nothing, in microseconds."""
+    from ddp_utils.data.decoder_text import caught_stderr
+
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(windows):
+            with caught_stderr():
+                pass
+        times.append((time.perf_counter() - start) / windows * 1e6)
+    return statistics.median(times)
+
+
+def png_copies(images: Path, directory: Path) -> Path:
+    """Every JPEG in ``images`` written again as a PNG (OpenCV's) into ``directory``."""
+    import cv2
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for jpeg in sorted(images.glob("*.jpg")):
+        cv2.imwrite(str(directory / f"{jpeg.stem}.png"), cv2.imread(str(jpeg)))
+    return directory
 
 
 def main() -> None:
@@ -195,6 +221,9 @@ def main() -> None:
             (f"{name}: fused parameters, GFLOPs (640 px)", fused),
         ]  # fmt: skip
     rows.append(("read_image / cv2.imread time (JPEG decode)", f"{decode_ratio(images):.2f}"))
+    pngs = png_copies(images, workdir / "png")
+    rows.append(("read_image / cv2.imread time (PNG decode)", f"{decode_ratio(pngs, suffix='.png'):.2f}"))
+    rows.append(("decoder stderr caught: one window, around nothing", f"{window_microseconds():.1f} us"))
     width = max(len(k) for k, _ in rows)
     print(f"\nREADME figures ({sys.platform}, {os.cpu_count()} cores, python {sys.version.split()[0]})")
     for key, value in rows:

@@ -397,8 +397,8 @@ def test_a_run_whose_final_save_fails_exits_74_saying_what_is_on_disk_and_never_
     assert len(failed) == 2 and "File too large" in failed[0], output
     assert failed[0].endswith("the next save is tried as usual") and "the next save" not in failed[1], output
     assert result.stderr.strip().splitlines()[-1] == (
-        f"train.py: error: training ended after epoch 2 but could not save {last} (the warning above says why), and "
-        "none is on disk: nothing to resume from"
+        f"train.py: save failed: training ended after epoch 2 but could not save {last} (the warning above says why), "
+        "and none is on disk: nothing to resume from"
     ), output
     assert not last.exists()
 

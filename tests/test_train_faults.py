@@ -111,7 +111,7 @@ def test_an_epoch_that_skips_most_of_its_steps_ends_the_run_as_diverged_with_no_
     assert result.returncode == 3, describe([result])
     assert "Traceback" not in result.stderr and "epochs done" not in result.stderr, describe([result])
     final = result.stderr.strip().splitlines()[-1]
-    assert final.startswith("train.py: error: training diverged at epoch 2, batch 4/4: "), describe([result])
+    assert final.startswith("train.py: diverged: training diverged at epoch 2, batch 4/4: "), describe([result])
     assert "4 of the epoch's 4 optimizer steps were skipped" in final and "it is not training" in final, final
     assert "lower the learning rate (hyp lr0)" in final and "--amp off (now" not in final, final  # it is off
     rows = results(tmp_path / "div")

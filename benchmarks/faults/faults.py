@@ -347,7 +347,8 @@ def fault_enospc(s: Setup, out: Path, name: str) -> dict:
     if final:
         worker = next((m for _, line in job.lines if (m := EXITCODE.search(line))), None)
         said = job.first(USER_LINE[name])
-        last_line = said[1].split("train.py: error: ", 1)[-1].strip() if said else ""
+        said_at = USER_LINE[name].search(said[1]) if said else None  # the line from its words, whatever prefix
+        last_line = said[1][said_at.start() :].strip() if said_at else ""
         record.update(first_exit=job.returncode, worker_exit=int(worker[1]) if worker else None, last_line=last_line)
     return record
 

@@ -8,7 +8,8 @@ What lives where:
   cache (versioned, hashed, pickle-free).
 - ``headers.py``: image sizes from file headers, without decoding.
 - ``images.py``: read, decode and resize one image; ``image_cache.py``: the image caches (RAM: one
-  copy per node; disk: .npy).
+  copy per node; disk: .npy); ``decoder_text.py``: a decoder's own words (OpenCV's codecs on stderr,
+  PIL's warnings) caught around the call, for a line that names the file.
 - ``augment.py``: letterbox, HSV, flips, mixup; ``warp.py``: the mosaic and the random perspective;
   ``geometry.py``: their numbers (the random transform, where tiles and boxes land), without pixels.
 - ``mosaic_batch.py``: a training batch's mosaics made together (the same samples as one by one, faster).

@@ -2,8 +2,10 @@
 
 JPEGs are decoded by libjpeg-turbo through ``simplejpeg`` when it is installed, everything
 else (and every file without it) by OpenCV; both give OpenCV's upright BGR pixels. A file
-decoded with what it holds (damaged), or on the CPU where the device would have decoded it,
-is named once in the log by :func:`note_bad_image`, never by libjpeg's raw text on stderr.
+decoded with what it holds (damaged), with a decoder's warning (libpng's, libtiff's...), or on
+the CPU where the device would have decoded it, is named once in the log by :func:`note_bad_image`,
+never by a decoder's raw text on stderr (OpenCV's codecs print theirs from C: ``decoder_text.py``
+catches it).
 
 The image caches (``SharedImageCache``, ``DiskImageCache``, ``normalize_cache``) live in
 :mod:`ddp_utils.data.image_cache`, which reads through this module.
@@ -26,6 +28,7 @@ except ImportError:  # optional: OpenCV decodes everything without it
     simplejpeg = None
 
 from ..log import LOGGER
+from .decoder_text import caught_stderr, decoder_summary
 from .headers import jpeg_header
 
 
@@ -37,11 +40,14 @@ def read_image(path: str | Path) -> np.ndarray:
     A damaged JPEG (libjpeg's "Corrupt JPEG data", a cut-off file) decodes as far as it goes, the
     same pixels as ``cv2.imread`` gives, and :func:`note_bad_image` names the file once in the log
     where OpenCV printed libjpeg's own text at every decode. Anything simplejpeg does not take
-    (other formats, a JPEG it cannot decode at all) goes to OpenCV, as do all files without it.
+    (other formats, a JPEG it cannot decode at all) goes to OpenCV, as do all files without it;
+    what OpenCV's codecs print (libpng's "iCCP: known incorrect sRGB profile", libtiff's warnings)
+    never reaches stderr: a file decoded with a warning is named once by :func:`note_bad_image`
+    with the decoder's words, and a file OpenCV cannot decode raises with them.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: OpenCV cannot decode it; the message names the file.
+        ValueError: OpenCV cannot decode it; the message names the file and what the decoder said.
     """
     if simplejpeg is not None:
         try:
@@ -57,11 +63,15 @@ def read_image(path: str | Path) -> np.ndarray:
             if img is not None:
                 return img
     # imread, not imdecode of the bytes: imread keeps what it can of a cut-off JPEG, imdecode gives up
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    with caught_stderr() as decoder:
+        img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    said = decoder_summary(decoder.text)
     if img is None:
         if not Path(path).is_file():
             raise FileNotFoundError(f"image not found: {path}")
-        raise ValueError(f"cannot decode image {path}: corrupt or unsupported format")
+        raise ValueError(f"cannot decode image {path}: corrupt or unsupported format" + (f" ({said})" if said else ""))
+    if said:
+        note_bad_image(str(path), f"decoded with a warning ({said})")
     return img
 
 
@@ -143,6 +153,17 @@ def _shared_note(path: str, add: bool) -> bool:
 def image_noted(path: str) -> bool:
     """Whether :func:`note_bad_image` named ``path`` in this process or any process of its forked family."""
     return path in _NOTED or _shared_note(path, add=False)
+
+
+def mark_noted(path: str) -> None:
+    """Count ``path`` as named, without a line: another stage (the label scan) said what is wrong with it.
+
+    :func:`image_noted` then answers True for it here and in the processes forked from here (the loader's
+    workers), so the decoders stay quiet about it as about a file :func:`note_bad_image` named.
+    """
+    path = str(path)
+    _NOTED.add(path)
+    _shared_note(path, add=True)
 
 
 def note_bad_image(path: str, why: str) -> None:

@@ -61,8 +61,7 @@ def scan(im_files: list[str], label_files: list[str], verify: Callable, prefix: 
     for im_file, lb_file, (status, boxes, polygons, shape, duplicates, message) in zip(im_files, label_files, results):
         counts[status] += 1
         counts["duplicates"] += duplicates
-        if message:
-            messages.append(prefix + message)
+        messages += [prefix + line for line in message.splitlines()]  # a line per problem, of the image or label
         if status != "corrupt":
             kept_images.append(im_file)
             kept_labels.append(lb_file)

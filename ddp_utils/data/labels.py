@@ -8,8 +8,9 @@ and become their bounding boxes.
 Verification reads each image's header and checks that the file is complete (a JPEG
 must end with its end-of-image marker, a PNG with its IEND chunk; other
 formats are decoded), so a truncated download is caught without decoding every image.
-Problems are reported by file and the image is left out; the user's files are never
-modified.
+Problems are reported by file and the image is left out; an image the decoder warns about
+but decodes is kept, and its warning is reported by file in one line (never as PIL's raw
+warning text); the user's files are never modified.
 
 The result is cached beside the labels (``labels/train.ddp.cache``); the cache's format,
 hash, reading and writing live in :mod:`ddp_utils.data.label_cache`.
@@ -26,11 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import PIL
 from PIL import Image
 
 from ..distributed import is_main_process
 from ..log import LOGGER
+from .decoder_text import caught_warnings, decoder_summary
 from .headers import ORIENTATION_TAG, TRANSPOSED_ORIENTATIONS, fast_image_size
+from .images import mark_noted
 from .label_cache import (
     _MEMORY_CACHE,
     CACHE_SUFFIX,
@@ -196,22 +200,25 @@ def label_cache_path(im_files: Sequence[str], source: str | Path | Sequence[str 
 # --- verification of one image and its label -----------------------------------------------------
 
 
-def _image_size(im_file: str) -> tuple[int, int]:
-    """(width, height) as decoded, after checking that the file is a complete image."""
+def _image_size(im_file: str) -> tuple[tuple[int, int], str]:
+    """((width, height) as decoded, what the decoder warned about or ""), after checking that the file is a
+    complete image."""
     fast = fast_image_size(im_file)
+    said = ""
     if fast is not None:
         width, height, orientation = fast
     else:
-        with Image.open(im_file) as im:
+        with caught_warnings(os.path.dirname(PIL.__file__)) as pil, Image.open(im_file) as im:
             fmt = (im.format or "").lower()
             if fmt not in _PIL_FORMATS:
                 raise ValueError(f"unsupported image format {im.format}")
             width, height = im.size
             orientation = im.getexif().get(ORIENTATION_TAG, 1) if fmt != "png" else 1
             im.load()  # PIL raises on a truncated file; OpenCV would only warn
+        said = decoder_summary(pil.text)
     if orientation in TRANSPOSED_ORIENTATIONS:
         width, height = height, width
-    return width, height
+    return (width, height), said
 
 
 def _parse_label(lb_file: str) -> tuple[np.ndarray, list[np.ndarray], str]:
@@ -315,7 +322,7 @@ def _verify(pair: tuple[str, str]) -> tuple:
     """Check one image and its label; returns (status, boxes, polygons, shape, duplicates, message)."""
     im_file, lb_file = pair
     try:
-        shape = _image_size(im_file)
+        shape, said = _image_size(im_file)
         if min(shape) < MIN_IMAGE_SIDE:
             raise ValueError(f"image size {shape[0]}x{shape[1]} is below {MIN_IMAGE_SIDE} pixels")
     except Exception as exc:
@@ -325,6 +332,9 @@ def _verify(pair: tuple[str, str]) -> tuple:
     except (ValueError, OSError) as exc:
         return "corrupt", None, None, None, 0, f"{lb_file}: bad label, image skipped ({_describe(exc)})"
     duplicates, message = 0, ""
+    if said:  # the scan's line is the file's one: the loader's decoders stay quiet about it in this process tree
+        message = f"{im_file}: decoded with a warning (PIL: {said}); kept"
+        mark_noted(im_file)
     if len(boxes) > 1 and len({row.tobytes() for row in boxes}) < len(boxes):
         _, first = np.unique(boxes, axis=0, return_index=True)
         if len(first) < len(boxes):
@@ -332,7 +342,7 @@ def _verify(pair: tuple[str, str]) -> tuple:
             duplicates = len(boxes) - len(keep)
             boxes = boxes[keep]
             polygons = [polygons[k] for k in keep] if polygons else polygons
-            message = f"{lb_file}: {duplicates} duplicate label row(s) removed"
+            message = "\n".join(filter(None, [message, f"{lb_file}: {duplicates} duplicate label row(s) removed"]))
     return status, boxes, polygons, shape, duplicates, message
 
 

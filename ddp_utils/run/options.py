@@ -23,13 +23,14 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from ..data.download import DownloadError
-from ..distributed import DistEnvError, RankFailedError, exit_usage_error, stall_timeout_from_env
+from ..distributed import USAGE_EXIT_CODE, DistEnvError, RankFailedError, exit_usage_error, stall_timeout_from_env
 from ..engine.cudnn import CUDNN_MODES
 from ..log import LOGGER
 from ..progress import PROGRESS_MODES
 from ..yolo.foreign import ForeignCheckpointError
 from .checkpoint import CheckpointError
 from .option_checks import Default, OptionError, batch_image_bytes, batch_size_note, validate_options
+from .saves import SAVE_FAILED_EXIT_CODE
 from .signals import requeue_signal
 from .trackers import TRACKERS
 
@@ -241,13 +242,24 @@ _EXIT_ON_USER_ERROR: contextvars.ContextVar[bool] = contextvars.ContextVar("ddp_
 _USER_ERROR_MARK = "ddp_utils_user_error"  # set on an exception user_errors let through
 
 
-def usage_error(message: str, code: int = 2) -> NoReturn:
-    """A user's mistake: one line (once per node), exit ``code`` (2), no traceback; torchrun's report names it."""
-    exit_usage_error(f"train.py: error: {message}", code=code)
+# The one line each code's end prints begins with its own words: argparse's "error" is a mistake in the inputs
+# (2) only, never a run that trained and then diverged (3) or could not save (74)
+EXIT_PREFIXES = {
+    USAGE_EXIT_CODE: "train.py: error: ",
+    DIVERGED_EXIT_CODE: "train.py: diverged: ",
+    SAVE_FAILED_EXIT_CODE: "train.py: save failed: ",
+}
 
 
-def exit_or_raise(exc: Exception, code: int = 2) -> NoReturn:
-    """``exc``, a mistake or a run that cannot go on: on the command line one line and exit ``code``; inside
+def usage_error(message: str, code: int = USAGE_EXIT_CODE) -> NoReturn:
+    """A user's mistake, or a run that cannot go on: one line (once per node) beginning with the code's
+    :data:`EXIT_PREFIXES` (``train.py: error:`` for a mistake, exit 2), no traceback; torchrun's report names it."""
+    exit_usage_error(EXIT_PREFIXES.get(code, EXIT_PREFIXES[USAGE_EXIT_CODE]) + message, code=code)
+
+
+def exit_or_raise(exc: Exception, code: int = USAGE_EXIT_CODE) -> NoReturn:
+    """``exc``, a mistake or a run that cannot go on: on the command line one line and exit ``code``, the line's
+    prefix the code's (``train.py: error:`` 2, ``train.py: diverged:`` 3, ``train.py: save failed:`` 74); inside
     :func:`raising_user_errors` (``train.run``) ``exc`` itself is raised, marked for :func:`is_user_error`.
 
     Examples:
@@ -304,6 +316,7 @@ def user_errors() -> Iterator[None]:
 
 __all__ = [
     "DIVERGED_EXIT_CODE",
+    "EXIT_PREFIXES",
     "USER_ERRORS",
     "OptionError",
     "add_evolve_options",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ import torch
 from ddp_utils.data import image_cache, images
 from ddp_utils.data.image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from ddp_utils.data.images import load_image, resized_shape
+from ddp_utils.data.loader import create_dataloader
+from tests.data.test_decoder_text import DECODER_KINDS, UNDECODABLE, write_decoder_kinds
 from tests.data.test_headers import EXTRANEOUS, write_jpeg_kinds
 from tests.multiproc import REPO_ROOT, describe, launch, records
 
@@ -125,6 +128,44 @@ def test_a_damaged_jpeg_is_named_once_with_opencvs_pixels_and_nothing_raw(tmp_pa
 def test_sound_jpegs_of_every_kind_decode_silently_as_opencv_does(tmp_path, capfd, said, kind):
     path = write_jpeg_kinds(tmp_path)[kind]
     expected = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(images.read_image(path), expected)
+    assert capfd.readouterr().err == "" and not said and not images.image_noted(str(path))
+
+
+@pytest.mark.parametrize("kind", sorted(DECODER_KINDS))
+def test_an_image_its_decoder_warns_about_is_named_once_with_opencvs_pixels_and_nothing_raw(
+    tmp_path, capfd, said, kind
+):
+    # libpng's and libtiff's own words (through OpenCV's C code, on stderr) at every decode, before
+    path, words = write_decoder_kinds(tmp_path)[kind], DECODER_KINDS[kind][1]
+    expected = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    capfd.readouterr()
+    for _ in range(3):
+        np.testing.assert_array_equal(images.read_image(path), expected)
+    np.testing.assert_array_equal(load_image(path, 32)[0], cv2.resize(expected, (32, 24), interpolation=cv2.INTER_AREA))
+    lines = [line for line in said if str(path) in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{path}: decoded with a warning ("), said
+    assert words in lines[0] and lines[0].endswith("; the CPU decoder's pixels are used"), lines
+    err = capfd.readouterr().err.splitlines()  # the logger's one line; nothing of the decoder's own
+    assert all(line.startswith(f"{path}: decoded with a warning (") for line in err) and len(err) <= 1, err
+    assert images.image_noted(str(path))
+
+
+@pytest.mark.parametrize("kind", sorted(UNDECODABLE))
+def test_an_image_opencv_cannot_decode_raises_naming_the_file_and_the_decoders_words(tmp_path, capfd, said, kind):
+    path, words = write_decoder_kinds(tmp_path)[kind], UNDECODABLE[kind][1]
+    capfd.readouterr()
+    with pytest.raises(ValueError, match="corrupt or unsupported format") as raised:
+        images.read_image(path)
+    assert str(raised.value).startswith(f"cannot decode image {path}: ") and words in str(raised.value)
+    assert capfd.readouterr().err == "" and not said
+
+
+@pytest.mark.parametrize("kind", ["plain_png", "plain_tif", "plain_webp", "plain_bmp"])
+def test_sound_images_of_other_formats_decode_silently_as_opencv_does(tmp_path, capfd, said, kind):
+    path = write_decoder_kinds(tmp_path)[kind]
+    expected = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    capfd.readouterr()
     np.testing.assert_array_equal(images.read_image(path), expected)
     assert capfd.readouterr().err == "" and not said and not images.image_noted(str(path))
 
@@ -396,3 +437,60 @@ def test_a_training_loader_names_each_odd_jpeg_once_and_prints_no_libjpeg_text(t
         assert kind != "overwritten" or EXTRANEOUS in named[0]
     for kind in ("baseline", "rotated"):
         assert not [line for line in lines if line.startswith(f"{kinds[kind]}: ")], run.stderr
+
+
+def _decoder_dataset(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
+    """Images of every kind a decoder speaks about, sound ones, and two the scan rejects (cut short)."""
+    images_dir = tmp_path / "images" / "train"
+    kinds = write_decoder_kinds(images_dir)
+    kinds.pop("no_iend").unlink()  # PIL reads it, OpenCV does not: the scan would keep what the loader cannot read
+    return images_dir, kinds
+
+
+def _assert_each_named_once_and_nothing_raw(err: str, kinds: dict[str, Path], images_dir: Path) -> None:
+    lines = err.splitlines()
+    for kind, path in kinds.items():
+        named = [line for line in lines if line.startswith(f"{path}: ")]
+        if kind in DECODER_KINDS:  # by the scan (PIL's words) or by the loader's decoder (OpenCV's), once
+            words = DECODER_KINDS[kind][2] or DECODER_KINDS[kind][1]
+            assert len(named) == 1 and "decoded with a warning (" in named[0] and words in named[0], (kind, err)
+        elif kind in UNDECODABLE:
+            assert len(named) == 1 and "corrupt image, skipped" in named[0], (kind, err)
+        else:
+            assert not named, (kind, err)
+    raw = [line for line in lines if not line.startswith(str(images_dir)) and re.search(RAW_DECODER_TEXT, line)]
+    assert not raw, err
+
+
+RAW_DECODER_TEXT = r"libpng|TIFF|\[ ?(WARN|ERROR)|Warning|EXIF|Truncated|Read Error"
+
+
+@pytest.mark.timeout(120)
+def test_a_loaders_workers_name_each_image_a_decoder_warns_about_once_and_print_no_decoder_text(tmp_path, capfd):
+    # 2 forked workers, 2 epochs: the workers' stderr is this test's (capfd), where libpng's and libtiff's words
+    # came at every decode
+    from ddp_utils.log import set_logging
+
+    set_logging(-1)  # the library's lines on stderr, as train.py has them (pytest's log capture stays in this process)
+    images_dir, kinds = _decoder_dataset(tmp_path)
+    capfd.readouterr()
+    loader, dataset = create_dataloader(images_dir, 64, 2, 32, workers=2)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sum(len(batch[0]) for batch in loader) == len(dataset.im_files) == len(kinds) - len(UNDECODABLE) + 1
+    _assert_each_named_once_and_nothing_raw(capfd.readouterr().err, kinds, images_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_training_loader_on_either_path_names_each_image_a_decoder_warns_about_once_and_prints_no_decoder_text(
+    tmp_path,
+):
+    # a process of its own, as train.py: both paths (the device path decodes these formats on the CPU too), 2
+    # workers, 3 epochs; its whole stderr holds one line per file a decoder warned about or the scan skipped
+    images_dir, kinds = _decoder_dataset(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", _LOADER_RUN, str(images_dir)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=150
+    )
+    assert run.returncode == 0, run.stderr
+    _assert_each_named_once_and_nothing_raw(run.stderr, kinds, images_dir)

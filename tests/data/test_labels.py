@@ -27,6 +27,7 @@ from ddp_utils.data.labels import (
     load_labels,
 )
 from ddp_utils.log import LOGGER
+from tests.data.test_decoder_text import DECODER_KINDS, write_decoder_kinds
 from tests.multiproc import describe, launch, records
 
 
@@ -200,6 +201,29 @@ def test_bad_files_are_reported_by_file_and_skipped(dataset: dict[str, Path], lo
     assert tuple(result.shapes[by_name["good"]]) == (48, 40)
     assert result.shapes.dtype == np.int64 and result.shapes.shape == (len(kept), 2)
     assert result.label_files[by_name["good"]].endswith(f"labels{os.sep}train{os.sep}good.txt")
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_an_image_pil_warns_about_is_kept_and_named_once_by_the_scan_not_by_pils_text(
+    tmp_path: Path, capfd, log_records, monkeypatch, workers: int
+) -> None:
+    # PIL (the scan's decoder for what the headers do not settle) printed its UserWarning raw, once per place
+    paths = write_decoder_kinds(tmp_path / "images" / "train")
+    monkeypatch.setattr(label_scan, "threads_pay", lambda *times: True)  # with 4: all but 64 verified in threads
+    warned = [paths["tiff_exif"]]
+    for i in range(80):  # the same warning from many files, not only a place's first
+        warned.append(paths["tiff_exif"].with_name(f"tiff_exif_{i:02d}.tif"))
+        warned[-1].write_bytes(paths["tiff_exif"].read_bytes())
+    sound = [p for k, p in paths.items() if k.startswith("plain") or k in DECODER_KINDS and k != "tiff_exif"]
+    capfd.readouterr()
+    result = load_labels([str(p) for p in sound + warned], workers=workers)
+    assert len(result.im_files) == len(sound + warned) and result.counts["corrupt"] == 0  # every one kept
+    expected = [f"{p}: decoded with a warning (PIL: {DECODER_KINDS['tiff_exif'][2]}); kept" for p in warned]
+    assert sorted(result.messages) == sorted(expected), result.messages  # once each; nothing of the others
+    shown = [r.getMessage() for r in log_records if r.levelno == logging.WARNING and "decoded with" in r.getMessage()]
+    assert len(shown) == 30 and set(shown) <= set(expected)  # the scan's usual report: the first 30, then a count
+    err = capfd.readouterr().err
+    assert "Warning" not in err and "warnings.warn" not in err, err  # PIL's own text: "UserWarning: Truncated..."
 
 
 def test_duplicates_dropped_with_a_warning(dataset: dict[str, Path]) -> None:
@@ -383,7 +407,7 @@ def test_header_sizes_agree_with_a_full_decode(tmp_path: Path, kind: str, orient
     image.save(path, **options)
     with Image.open(path) as im:
         expected = ImageOps.exif_transpose(im).size
-    assert labels_module._image_size(str(path)) == expected
+    assert labels_module._image_size(str(path)) == (expected, "")  # "": the decoder warned about nothing
 
 
 def test_coordinates_within_the_tolerance_are_clipped(tmp_path: Path) -> None:

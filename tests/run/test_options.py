@@ -217,3 +217,25 @@ def test_an_image_size_whose_batch_the_host_cannot_hold_is_refused(monkeypatch):
     with pytest.raises(OptionError, match=r"one batch of 4 images .* \(up to 1.5 x with --multi-scale\)"):
         check_options(parse_opt(["--imgsz", "4096", "--batch-size", "8", "--multi-scale", "--device", "cpu"]), 2)
     assert batch_image_bytes(4096, 16, float_copy=False) * 5 == batch_image_bytes(4096, 16)  # on a GPU: uint8 only
+
+
+@pytest.mark.parametrize(
+    ("code", "exc", "line"),
+    [
+        (2, FileNotFoundError("data x.yaml: no such file"), "train.py: error: data x.yaml: no such file"),
+        (3, ValueError("training diverged at epoch 2, batch 4/4: ..."), "train.py: diverged: training diverged at"),
+        (74, OSError("training ended after epoch 3 but could not save"), "train.py: save failed: training ended"),
+    ],
+)
+def test_each_exit_code_prints_its_one_line_with_a_prefix_of_its_own(monkeypatch, code, exc, line):
+    # argparse's "train.py: error:" is a mistake in the inputs' (exit 2), not a run that diverged (3) or whose
+    # final or stop save failed (74): those printed it too
+    from ddp_utils.log import LOGGER
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    said = []
+    monkeypatch.setattr(LOGGER, "error", said.append)
+    with pytest.raises(SystemExit) as exited:
+        options_module.exit_or_raise(exc, code=code)
+    assert exited.value.code == code and len(said) == 1 and said[0] == options_module.EXIT_PREFIXES[code] + str(exc)
+    assert said[0].startswith(line) and ("train.py: error:" in said[0]) is (code == 2)
