@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -169,9 +170,14 @@ class CompiledKernels:
         return True
 
     def _spawn(self, names: list[str]) -> None:
-        status = self._root / f".status-{os.getpid()}-{len(self._compiling)}.jsonl"
-        log = self._root / "logs" / f"compile-{os.getpid()}.log"
+        number = next(_SPAWNED)
+        status = self._root / f".status-{os.getpid()}-{number}.jsonl"
+        log = self._root / "logs" / f"compile-{os.getpid()}-{number}.log"
         log.parent.mkdir(mode=0o700, exist_ok=True)
+        for old in log.parent.glob("compile-*.log"):  # the logs of compiles a day old and more
+            with contextlib.suppress(OSError):
+                if time.time() - old.stat().st_mtime > 86400:
+                    old.unlink()
         command = [sys.executable, "-m", "ddp_utils.data.device.kernel_compile", "--device", str(self.device),
                    "--root", str(self._root), "--status", str(status), "--end-with-stdin", *names]  # fmt: skip
         env = dict(os.environ)
@@ -203,6 +209,7 @@ class CompiledKernels:
             if ended is not None:
                 self._compiling.remove(compile_)
                 compile_.status.unlink(missing_ok=True)
+                _OFFSETS.pop(compile_.status, None)
                 self._fail(self._waiting(compile_), f"did not compile: its process ended with exit code {ended}")
 
     def _waiting(self, compile_: _Compile) -> list[str]:
@@ -248,7 +255,8 @@ def _read_lines(path: Path) -> list[str]:
     return [line for line in complete.splitlines() if line.strip()]
 
 
-_OFFSETS: dict[Path, int] = {}
+_OFFSETS: dict[Path, int] = {}  # how far each compile's status file was read
+_SPAWNED = itertools.count()  # the compiles this process started: each its own status file
 
 
 def _one_line(error: BaseException | str) -> str:

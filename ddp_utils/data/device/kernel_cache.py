@@ -109,13 +109,15 @@ def kernel_key(name: str, device: torch.device) -> str:
     """
     if name not in KERNEL_NAMES:
         raise ValueError(f"no kernel named {name!r}: one of {', '.join(KERNEL_NAMES)}")
-    here = Path(__file__).resolve().parent
-    made_of = hashlib.sha256()
-    for source in _SOURCES:
-        made_of.update((here / source).read_bytes())
     kind = device_kind(device)
-    made_of.update(f"{name}|{torch.__version__}|{kind}".encode())
-    return f"{name}-{kind.split('-')[0]}-{made_of.hexdigest()[:20]}"
+    digest = hashlib.sha256(sources() + f"|{name}|{torch.__version__}|{kind}".encode()).hexdigest()
+    return f"{name}-{kind.split('-')[0]}-{digest[:20]}"
+
+
+def sources() -> bytes:
+    """What every kernel is made from: the kernels' and the compile's source files, their bytes."""
+    here = Path(__file__).resolve().parent
+    return b"".join((here / source).read_bytes() for source in _SOURCES)
 
 
 def private_folder(root: Path) -> str | None:
@@ -243,4 +245,5 @@ __all__ = [
     "kernel_key",
     "kernels_for",
     "private_folder",
+    "sources",
 ]

@@ -49,6 +49,11 @@ INDUCTOR_CONFIGS = {
     "eager_numerics.disable_ftz": True,  # on CUDA: subnormals kept, as eager's kernels keep them
     "aot_inductor.embed_kernel_binary": True,  # on CUDA: the kernels' binaries inside the library
     "cpp.enable_kernel_profile": True,  # on the CPU: each kernel a torch.profiler event, by name (render_ops.py)
+    # one loop nest, nothing stored between its parts: Inductor stores a value as soon as it has read more than a
+    # few inputs (the taps' gathers, the tables), which cost the render 16 float and int64 buffers the size of the
+    # batch (42x its uint8 output, where the floor is 12x); the coordinates of each layer stay stored (their reads)
+    "realize_acc_reads_threshold": 1000,
+    "realize_cpu_acc_reads_threshold": 1000,
 }
 
 
@@ -86,7 +91,7 @@ def example_inputs(device: torch.device) -> dict[str, tuple]:
 
     renderer = Renderer(device, compiled=False)
     renderer.calls = {}
-    batch = warm_up_batch(64)
+    batch = warm_up_batch(64, 80)  # every size a symbol stands for differs from the others (export's duck sizing)
     for channels_last in (True, False):
         renderer(batch, channels_last=channels_last)
     return renderer.calls
@@ -120,9 +125,9 @@ def compile_kernel(name: str, inputs: tuple, work: Path) -> tuple[list[Path], di
     """Export and compile kernel ``name`` in ``work``: the library's files (the library, and on CUDA any kernel
     binaries beside it) and what the cache records of it."""
     start = time.monotonic()
-    program = torch.export.export(
-        kernel_module(name), inputs, dynamic_shapes=dynamic_shapes(name, inputs), strict=False
-    )
+    dynamic = dynamic_shapes(name, inputs)
+    program = torch.export.export(kernel_module(name), inputs, dynamic_shapes=dynamic, strict=False)
+    _check_symbols(program, dynamic)
     package = torch._inductor.aoti_compile_and_package(
         program, package_path=str(work / f"{name}.pt2"), inductor_configs=inductor_configs()
     )
@@ -141,6 +146,23 @@ def compile_kernel(name: str, inputs: tuple, work: Path) -> tuple[list[Path], di
     meta = dict(kernel=name, library=libraries[0].name, outputs=1, torch=torch.__version__,
                 compile_s=round(time.monotonic() - start, 1), created=time.time())  # fmt: skip
     return files, meta
+
+
+def _check_symbols(program: torch.export.ExportedProgram, dynamic: tuple) -> None:
+    # each size the kernel takes as a symbol must have stayed one symbol of its own: a size the export tied to
+    # another (two examples of one size) or to a number would be wrong for other batches, and nothing checks it
+    # when the library runs
+    wanted = {id(dim) for spec in dynamic if spec for dim in spec.values()}
+    found = set()
+    inputs = [node for node in program.graph.nodes if node.op == "placeholder"]
+    for node, spec in zip(inputs, dynamic):
+        for axis in spec or {}:
+            size = node.meta["val"].shape[axis]
+            if not isinstance(size, torch.SymInt) or not size.node.expr.is_Symbol:
+                raise RuntimeError(f"the export fixed a size the kernel takes as a symbol: {node.name}[{axis}] {size}")
+            found.add(str(size))
+    if len(found) != len(wanted):
+        raise RuntimeError(f"the export tied sizes the kernel takes apart: {len(found)} symbols for {len(wanted)}")
 
 
 @contextlib.contextmanager
@@ -191,12 +213,22 @@ def _one_line(error: BaseException) -> str:
     return (text if text.split(":")[0].endswith(("Error", "Exception")) else f"{type(error).__name__}: {text}")[:300]
 
 
+def _scalar_cpu_kernels() -> None:
+    # the setting in INDUCTOR_CONFIGS reaches the C++ codegen too late where this process's first look at the CPU's
+    # vector units was cached: set for the process before anything compiles
+    import torch._inductor.config as config
+    from torch._inductor import cpu_vec_isa
+
+    config.cpp.vec_isa_ok = False
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+
+
 def _end_with_the_parent() -> None:
     # the starter holds our stdin open while it lives: at its end (exit, crash, SIGKILL) this process and the
     # compiler processes it started (its session) end too
     def watch() -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while sys.stdin.buffer.read(4096):
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):  # the descriptor itself: no Python lock held while it waits
                 pass
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -214,10 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     if opt.end_with_stdin:
         _end_with_the_parent()
     device = torch.device(opt.device)
+    _scalar_cpu_kernels()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return 1 if compile_all(opt.names, device, opt.root, opt.status) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # done: its status is written; nothing of the interpreter's teardown is worth waiting for

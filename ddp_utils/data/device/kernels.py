@@ -162,9 +162,10 @@ def render_rows(
     rgb = [torch.where(row[HAS_GAINS] > 0, j, c) for j, c in zip(jittered, rgb)]
     if not to_float:
         return torch.stack(rgb, 1).to(torch.uint8)
+    rgb = [levels[c.long()] for c in rgb]  # each channel's float, looked up where it is made
     if channels_last:
-        return levels[torch.stack(rgb, -1).long()].permute(0, 3, 1, 2)
-    return levels[torch.stack(rgb, 1).long()]
+        return torch.stack(rgb, -1).permute(0, 3, 1, 2)
+    return torch.stack(rgb, 1)
 
 
 def float_levels(device: torch.device | str = "cpu") -> torch.Tensor:

@@ -341,9 +341,10 @@ def _host_tile(batch: RecipeBatch, i: int) -> np.ndarray:
                           batch.paths[i])  # fmt: skip
 
 
-def warm_up_batch(side: int = 56) -> RecipeBatch:
-    """A small batch of every kind the kernels take (a resize, a mixup, HSV, flips), its output ``side`` square
-    and its tiles' long side ``side``: the examples the kernels are compiled from (``kernel_compile.py``)."""
+def warm_up_batch(side: int = 56, width: int | None = None) -> RecipeBatch:
+    """A small batch of every kind the kernels take (a resize, a mixup, HSV, flips), its output ``side`` high and
+    ``width`` (default ``side``) wide, its tiles' long side ``side``: the examples the kernels are compiled from
+    (``kernel_compile.py``)."""
     rng = np.random.default_rng(0)
     h, w = side, side * 2 // 3  # the tiles: portrait, as a mosaic's four would fit a canvas of 2 side
     jpegs = [cv2.imencode(".jpg", rng.integers(0, 256, (h // 2, w // 2, 3), dtype=np.uint8))[1].tobytes()] * 2
@@ -356,10 +357,11 @@ def warm_up_batch(side: int = 56) -> RecipeBatch:
     mosaic = Layer(np.diag([2 * w / side, 2 * h / side, 1.0]), placements, (w, h))
     letterbox = Layer(np.eye(3), [Placement(1, (0, 0, w, h), (0.5, 0.25, 0.5, 0.25), (0, 0, w, h))])
     gains = np.array([1.01, 0.7, 1.3])
+    size = (side, width or side)
     recipes = [
-        Recipe((side, side), [mosaic], None, gains, False, True),
-        Recipe((side, side), [mosaic, letterbox], 0.4, gains, True, False),
-        Recipe((side, side), [letterbox], None, None, False, False),
+        Recipe(size, [mosaic], None, gains, False, True),
+        Recipe(size, [mosaic, letterbox], 0.4, gains, True, False),
+        Recipe(size, [letterbox], None, None, False, False),
     ]
     originals = [(h // 2, w // 2)] * 2 + [(h, w)]
     return pack_sources(recipes, [*jpegs, pixels], [(h, w)] * 3, originals, ["a", "b", "c"])
