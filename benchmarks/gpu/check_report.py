@@ -103,6 +103,31 @@ def _made_on_ok(rows: dict[str, dict], images: int) -> float | None:
     return sum(not str(got.get("failed", "")).startswith("expected") for got in ran) / len(ran) if ran else None
 
 
+def _first_batch_later(mode: str) -> Callable[[dict[str, dict], int], float | None]:
+    """The first step's first finished batch of ``mode`` (device-cold, device-warm) less the workers path's."""
+
+    def later(rows: dict[str, dict], images: int) -> float | None:
+        first = rows.get("first_step", {})
+        ours, workers = (first.get(key, {}).get("first_batch_s") for key in (mode, "workers"))
+        return None if ours is None or workers is None else ours - workers
+
+    return later
+
+
+def _exit_later(rows: dict[str, dict], images: int) -> float | None:
+    """The longest wait from the last line to the exit of the first step's device runs, less the workers path's."""
+    first = rows.get("first_step", {})
+    waits = [first.get(mode, {}).get("exit_after_last_line_s") for mode in ("device-cold", "device-warm", "workers")]
+    return None if None in waits else max(waits[:2]) - waits[2]
+
+
+def _ended_clean(rows: dict[str, dict], images: int) -> float | None:
+    """The share of the first step's runs that ended with code 0 and no traceback in their output."""
+    first = rows.get("first_step", {})
+    ran = [first[mode] for mode in ("device-cold", "device-warm", "workers") if mode in first]
+    return sum(run.get("code") == 0 and run.get("traceback") is False for run in ran) / len(ran) if ran else None
+
+
 def _tests_failed(rows: dict[str, dict], images: int) -> int | None:
     """The CUDA tests that failed or erred, once they ran (on the CPU they are only collected: None)."""
     counts = _figure(rows, "cuda_tests", "counts") or {}
@@ -129,6 +154,14 @@ GOALS = [
          lambda r, n: _decoded(r, "torchvision"), lambda v: v > 0),
     Goal("train.py rows whose 'images made on' line is the expected one", "all", _made_on_ok, lambda v: v == 1, "%"),
     Goal("CUDA tests failed (python -m pytest -m cuda)", "0", _tests_failed, lambda v: v == 0),
+    Goal("first finished batch, device path cold - workers path (s)", "<= 5", _first_batch_later("device-cold"),
+         lambda v: v <= 5),
+    Goal("first finished batch, device path warm - workers path (s)", "<= 2", _first_batch_later("device-warm"),
+         lambda v: v <= 2),
+    Goal("last line to exit, device path - workers path (s)", "<= 2", _exit_later, lambda v: v <= 2),
+    Goal("first-step runs ending 0 with no traceback", "all", _ended_clean, lambda v: v == 1, "%"),
+    Goal("values that differ between the render's compiled and uncompiled forms", "0",
+         lambda r, n: _figure(r, "forms", "differing"), lambda v: v == 0),
 ]  # fmt: skip
 
 

@@ -205,9 +205,66 @@ def yolov5(ctx: Context, timeout: float) -> dict:
     command += ["--project", str(ctx.work / "yolov5"), "--name", "run"]
     start = _now()
     run_child(command, timeout, ctx.work / "yolov5.log", cwd=opt.yolov5.resolve(), env=env)
-    from yolov5_timed import read_times
+    from yolov5_timed import read_first_batch, read_times
 
-    return epoch_figures(read_times(times), _now() - start)
+    return dict(epoch_figures(read_times(times), _now() - start), first_batch_s=read_first_batch(times))
+
+
+def first_step(ctx: Context, timeout: float) -> dict:
+    """The time to the first finished batch and from the last line to the exit (``speed/device_start.py``), on 256
+    of the training images for 1 epoch at the check's settings: the device path with an empty kernel cache (its
+    compile beside it), then the check's kernels compiled (timed: the cold compile on this machine; the later parts
+    find them made), the device path again with them, and the loader workers' path."""
+    opt = ctx.opt
+    subset = _subset_data(ctx, 256)
+    modes = ["device-cold", "device-warm", "workers"]
+    command = [sys.executable, str(REPO / "benchmarks" / "speed" / "device_start.py"), "--parts", "runs", "--modes",
+               *modes, "--data", str(subset), "--cfg", opt.cfg, "--imgsz", str(opt.imgsz), "--batch", str(opt.batch),
+               "--workers", str(opt.workers), "--device", opt.device, "--dir", str(ctx.work / "first_step"),
+               "--timeout", f"{max(timeout / 4, 10):.0f}"]  # fmt: skip
+    cache = os.environ.get("DDP_UTILS_KERNEL_CACHE")
+    if cache:
+        command += ["--warm-cache", cache]
+    result = tagged_json(run_child(command, timeout, ctx.work / "first_step.log"), "RESULT")
+    by_mode = {run["mode"]: run for run in result["runs"]}
+    figures = {}
+    for mode in modes:
+        run = by_mode.get(mode, {})
+        figures[mode] = {k: run.get(k) for k in ("first_batch_s", "exit_after_last_line_s", "code", "traceback")}
+        figures[mode]["made_on"] = run.get("made_on")
+    figures["compile_cold_s"] = by_mode.get("compile", {}).get("seconds")
+    device = "cpu" if opt.device == "cpu" else f"cuda:{int(opt.device) if opt.device.isdigit() else 0}"
+    expected = {mode: f"images made on the device {device}" for mode in modes[:2]}
+    expected["workers"] = "images made on the loader workers"
+    wrong = [mode for mode in modes if not str(figures[mode]["made_on"]).startswith(expected[mode])]
+    if wrong:
+        raise PartFailed(f"the runs {', '.join(wrong)} made their images elsewhere than asked", figures)
+    return figures
+
+
+def _subset_data(ctx: Context, n: int) -> Path:
+    # the first n training images of the check's data, as a list file (the YOLO format's image lists)
+    images = sorted(ctx.train_images.iterdir())[:n]
+    listed = ctx.work / f"first_{n}.txt"
+    listed.write_text("".join(f"{path}\n" for path in images))
+    data = ctx.work / f"first_{n}.yaml"
+    names = (ctx.data.read_text().split("names:", 1)[1]) if ctx.data else " {0: circle}\n"
+    data.write_text(f"train: {listed}\nval: {listed}\nnames:{names}")
+    return data
+
+
+def forms(ctx: Context, timeout: float) -> dict:
+    """The two forms of the device render on this device, compared batch by batch (forms_equal.py): the values
+    that differ (0: where a run switches from one to the other changes nothing)."""
+    opt = ctx.opt
+    command = [sys.executable, str(HERE / "forms_equal.py"), "--images", str(ctx.train_images), "--device", opt.device]
+    if opt.cpu_smoke:
+        command += ["--imgsz", str(opt.imgsz), "--batch", str(opt.batch), "--batches", "4", "--workers", "0"]
+    command += ["--compile-timeout", f"{max(timeout - 30, 5):.0f}"]
+    got = tagged_json(run_child(command, timeout, ctx.work / "forms.log"), "FORMS")
+    if "error" in got:
+        raise PartFailed(got["error"], got)
+    return got
 
 
 def memory(ctx: Context, timeout: float) -> dict:

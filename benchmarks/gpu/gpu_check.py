@@ -3,23 +3,32 @@ beside its goal, in one table and one ``GPU_CHECK {json}`` line.
 
 Its parts run in priority order, each bounded by its own budget (:data:`PARTS`), so a part that overruns costs
 only itself: the budgets add up to at most the call's 480 s less the wheels' install and the report. A part that
-fails, or runs out of its time, is a row that says so, and the tables are printed anyway.
+fails, or runs out of its time, is a row that says so, and the tables are printed anyway. Each row is printed the
+moment its part ends, as one line ``GPU_CHECK_ROW {json}``: a kill, a Ctrl-C or an exit later keeps every figure
+taken (and on a Ctrl-C or an exit the tables of the rows so far are printed before the check ends).
 
 1. data: 2,000 + 250 synthetic images of 480-640 px, made by one process per core;
-2. ours, default: train.py, yolov5s at 640 px, batch 64, ``--workers 8``, 4 epochs, ``--noval --nosave``: the
+2. the first step: the first finished batch and the exit, the device path with an empty kernel cache, then with the
+   kernels compiled (the compile timed: cold, on this machine; the later parts find them made, in the check's own
+   cache), beside the loader workers' path (``speed/device_start.py``, on 256 of the images, 1 epoch);
+3. ours, default: train.py, yolov5s at 640 px, batch 64, ``--workers 8``, 4 epochs, ``--noval --nosave``: the
    steady epoch (the median of epochs 2-4), the first, the whole run (start-up included), the data wait; its log's
    "images made on" line must name the device (``--augment-on auto`` on CUDA);
-3. YOLOv5 v7.0's train.py at the same settings (``--yolov5 DIR``), its epochs timed by its own callback hooks
-   (``yolov5_timed.py``), its whole run by the clock;
-4. the loader alone: ``create_dataloader(..., augment_on="device")`` in ``DevicePrefetcher`` (``loader_alone.py``):
+4. YOLOv5 v7.0's train.py at the same settings (``--yolov5 DIR``), its epochs timed by its own callback hooks
+   (``yolov5_timed.py``), its whole run by the clock, its first batch from its start;
+5. the two forms of the render: the compiled kernels against the uncompiled form over 50 training batches, the
+   values that differ (must be 0: ``forms_equal.py``);
+6. the loader alone: ``create_dataloader(..., augment_on="device")`` in ``DevicePrefetcher`` (``loader_alone.py``):
    img/s over an epoch after a warm one, the render's device memory;
-5. the decode-order reproduction (``decode_order.py``): corrupted sums through our guarded decoder (must be 0) and
+7. the decode-order reproduction (``decode_order.py``): corrupted sums through our guarded decoder (must be 0) and
    through torchvision's raw call (the positive control);
-6. memory: the reserved memory train.py's own progress line (``mem``) shows at the end of each of the default row's
+8. memory: the reserved memory train.py's own progress line (``mem``) shows at the end of each of the default row's
    4 epochs (flat: within 2 % over epochs 2-4);
-7. the default job, ``python train.py --device 0``: its mAP;
-8. ours with ``--cudnn-benchmark on``, then ours with ``--augment-on workers`` (whose line must name the workers);
-9. the CUDA tests: ``python -m pytest -m cuda`` (slow ones included).
+9. the default job, ``python train.py --device 0``: its mAP;
+10. ours with ``--augment-on workers`` (whose line must name the workers);
+11. the CUDA tests: ``python -m pytest -m cuda`` (slow ones included).
+
+``--parts cudnn_on`` adds ours with ``--cudnn-benchmark on`` (outside the default call's budget).
 
 The whole check, on the GPU host, from the repo root, in one call (the wheels fetched beforehand into .whl/ by
 ``shared/tools/gpu-wheels.sh``; YOLOv5 v7.0 checked out at DIR with its own imports, e.g. pandas, seaborn, IPython,
@@ -58,12 +67,14 @@ PartRun = Callable[[Context, float], dict]
 
 
 class Part(NamedTuple):
-    """One part: its key (the JSON's), its row's title, its budget in seconds on the GPU, what runs."""
+    """One part: its key (the JSON's), its row's title, its budget in seconds on the GPU, what runs; an optional
+    part runs only when ``--parts`` names it (its budget outside the default call's)."""
 
     key: str
     title: str
     budget_s: float
     run: PartRun
+    optional: bool = False
 
 
 def _train_row(key: str, extra: list[str]) -> PartRun:
@@ -73,18 +84,22 @@ def _train_row(key: str, extra: list[str]) -> PartRun:
 # the priority order of issue 46; each budget bounds its part, and they add up to at most the call's time
 PARTS = [
     Part("data", "data: the synthetic images", 20, check_runs.data),
+    Part("first_step", "the first step: device path cold, warm, and the workers' (1 epoch, 256 images)", 95,
+         check_runs.first_step),
     Part("ours", "ours: default (images made on the device, cuDNN heuristics)", 65, _train_row("ours", [])),
     Part("yolov5", "YOLOv5 v7.0 train.py", 60, check_runs.yolov5),
+    Part("forms", "the render's two forms, compiled and not, over 50 batches", 25, check_runs.forms),
     Part("loader", "the loader alone (device path, DevicePrefetcher)", 30, check_runs.loader),
     Part("decode_order", "decode-order reproduction", 25, check_runs.decode_order),
     Part("memory", "memory: the default row's per-epoch mem", 1, check_runs.memory),
-    Part("default_job", "the default job: python train.py --device 0", 85, check_runs.default_job),
+    Part("default_job", "the default job: python train.py --device 0", 50, check_runs.default_job),
     Part("cudnn_on", "ours: cuDNN autotuned (--cudnn-benchmark on)", 65,
-         _train_row("cudnn_on", ["--cudnn-benchmark", "on"])),
-    Part("workers", "ours: images made on the loader workers (--augment-on workers)", 50,
+         _train_row("cudnn_on", ["--cudnn-benchmark", "on"]), optional=True),
+    Part("workers", "ours: images made on the loader workers (--augment-on workers)", 40,
          _train_row("workers", ["--augment-on", "workers"])),
-    Part("cuda_tests", "the CUDA tests: python -m pytest -m cuda", 54, check_runs.cuda_tests),
+    Part("cuda_tests", "the CUDA tests: python -m pytest -m cuda", 44, check_runs.cuda_tests),
 ]  # fmt: skip
+DEFAULT_PARTS = [part.key for part in PARTS if not part.optional]
 FULL = dict(cfg="yolov5s.yaml", imgsz=640, batch=64, workers=8, epochs=4, images=2000, device="0")
 SMOKE = dict(cfg="yolov5n.yaml", imgsz=64, batch=4, workers=0, epochs=4, images=8, device="cpu")
 SMOKE_SLOWER = 3.0  # the smoke's budgets: a shared 2-core CI host, tiny sizes
@@ -111,7 +126,7 @@ def budgets(cpu_smoke: bool = False) -> dict:
     """The budget table: each part's seconds, their sum, and the total they must fit in (the call less the wheels'
     install and the report); on the CPU smoke all of it :data:`SMOKE_SLOWER` times."""
     scale = SMOKE_SLOWER if cpu_smoke else 1.0
-    parts = {part.key: part.budget_s * scale for part in PARTS}
+    parts = {part.key: part.budget_s * scale for part in PARTS if not part.optional}
     return dict(parts=parts, sum=sum(parts.values()), total=(CALL_S - SETUP_S - REPORT_S) * scale, scale=scale)
 
 
@@ -127,18 +142,21 @@ def measure(part: Part, ctx: Context, timeout: float) -> dict:
         return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
-def run_parts(opt: argparse.Namespace, work: Path) -> list[Row]:
-    """The chosen parts in priority order, each within its budget and the check's deadline."""
-    table, ctx, rows = budgets(opt.cpu_smoke), Context(opt, work), []
+def run_parts(opt: argparse.Namespace, work: Path, rows: list[Row] | None = None) -> list[Row]:
+    """The chosen parts in priority order, each within its budget and the check's deadline; each row appended to
+    ``rows`` and printed (``GPU_CHECK_ROW {json}``) the moment its part ends."""
+    table, ctx, rows = budgets(opt.cpu_smoke), Context(opt, work), [] if rows is None else rows
     deadline = time.monotonic() + (CALL_S - SETUP_S) * table["scale"]
     for part in PARTS:
-        if opt.parts and part.key not in opt.parts:
+        if (opt.parts and part.key not in opt.parts) or (part.optional and not opt.parts):
             continue
-        budget = table["parts"][part.key]
+        budget = part.budget_s * table["scale"]
         start = time.monotonic()
         got = measure(part, ctx, min(budget, deadline - REPORT_S * table["scale"] - start))
         took = time.monotonic() - start
         rows.append(Row(part.key, part.title, budget, took, got))
+        row = dict(key=part.key, budget_s=budget, took_s=round(took, 1), got=got)
+        print("GPU_CHECK_ROW " + json.dumps(row, default=str), flush=True)
         print(f"gpu_check: {part.key}: {'done' if rows[-1].ok else 'no figures'} in {took:.0f} s", file=sys.stderr)
     return rows
 
@@ -156,11 +174,22 @@ def main(argv: list[str] | None = None) -> dict:
     opt = parse_opt(argv)
     work = (opt.dir or Path(tempfile.mkdtemp(prefix="gpu_check_"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if not opt.cpu_smoke:  # the check's own kernel cache: cold at its start, made by the first step for the rest
+        os.environ["DDP_UTILS_KERNEL_CACHE"] = str(work / "kernels")
+    rows: list[Row] = []
     try:
-        rows = run_parts(opt, work)
+        run_parts(opt, work, rows)
+    except (KeyboardInterrupt, SystemExit):  # the rows so far are printed, then the check ends as asked
+        report(opt, rows)
+        raise
     finally:
         if opt.dir is None:
             shutil.rmtree(work, ignore_errors=True)
+    return report(opt, rows)
+
+
+def report(opt: argparse.Namespace, rows: list[Row]) -> dict:
+    """The two tables and the ``GPU_CHECK {json}`` line for the rows taken."""
     device = describe_device(opt)
     setting = f"{opt.cfg} {opt.imgsz} px, batch {opt.batch}, --workers {opt.workers}, {opt.epochs} epochs"
     print(f"\ngpu_check on {device}: {setting}, {opt.images} images of {opt.imgsz * 3 // 4}-{opt.imgsz} px\n")

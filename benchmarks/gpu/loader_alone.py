@@ -48,10 +48,13 @@ def one_epoch(loader, device: torch.device, epoch: int) -> tuple[int, float]:
 def measure(images_dir: Path, imgsz: int, batch: int, workers: int, device: torch.device) -> dict:
     """The warm epoch, then the timed one; the figures of the module's docstring."""
     from ddp_utils.data import create_dataloader, load_hyp, renderer_for
+    from ddp_utils.data.device.kernel_cache import kernels_for
 
+    hyp = load_hyp("hyp.scratch-low.yaml")
     if device.type == "cpu":  # the CPU smoke: the kernels uncompiled (a compile would outlast the part's budget)
         renderer_for(device, compiled=False)
-    hyp = load_hyp("hyp.scratch-low.yaml")
+    else:  # the compiled kernels ready before the warm epoch (made by the check's first step: loaded at once)
+        renderer_for(device).kernels.wait(kernels_for(channels_last=True, mixup=hyp["mixup"] > 0), 300)
     options = dict(hyp=hyp, augment=True, workers=workers, shuffle=True, augment_on="device")
     loader, _ = create_dataloader(images_dir, imgsz, batch, 32, **options)
     try:
@@ -68,7 +71,9 @@ def measure(images_dir: Path, imgsz: int, batch: int, workers: int, device: torc
         if close is not None:
             close()
     output = batch * 3 * imgsz * imgsz
+    kernels = renderer_for(device).kernels
     return dict(
+        kernels=kernels.state() if kernels is not None else "uncompiled",
         img_s=count / seconds,
         epoch_s=seconds,
         warm_epoch_s=warm_seconds,

@@ -1,5 +1,5 @@
 """YOLOv5 v7.0's own train.py, its epochs timed by its own callback hooks (not read off tqdm's display, which
-refreshes once a second: +-15 % on a 3 s epoch).
+refreshes once a second: +-15 % on a 3 s epoch), and its first batch from the process's start.
 
 It imports YOLOv5's ``train`` module from ``--yolov5 DIR`` (nothing of YOLOv5 is copied here or imported by
 ddp_utils), registers two actions on a ``utils.callbacks.Callbacks`` (``on_train_epoch_start``, which YOLOv5 runs
@@ -7,7 +7,9 @@ at the top of each epoch, and ``on_train_epoch_end``, which it runs after the ep
 scheduler, before validation) and calls ``train.main(opt, callbacks)``, the options parsed by YOLOv5's own
 ``parse_opt`` from the arguments after ``--``. Each action waits for the device first, so an epoch's time is its
 work done, not its work queued. Each finished epoch appends one JSON line ``{"epoch": e, "seconds": s}`` to
-``--times`` at once, so a run cut short keeps the epochs it finished.
+``--times`` at once, so a run cut short keeps the epochs it finished; a third (``on_train_batch_end``) writes
+``{"first_batch_s": s}`` once, the seconds from this process's start to the end of YOLOv5's first batch (the
+GPU check's first-step row, beside ours).
 
 Run (from anywhere; YOLOv5 runs in its directory):
       python benchmarks/gpu/yolov5_timed.py --yolov5 ../yolov5 --times epochs.jsonl -- --data D.yaml --epochs 4 ...
@@ -23,12 +25,15 @@ import sys
 import time
 from pathlib import Path
 
+STARTED = time.perf_counter()  # this process's start, near enough (the interpreter's own start is before it)
+
 
 class EpochTimer:
-    """The two callbacks: the start of each epoch, and its end written to ``path`` as one JSON line."""
+    """The callbacks: the start of each epoch, and its end written to ``path`` as one JSON line; the first batch's
+    end once."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.started = path, None
+        self.path, self.started, self.first_batch = path, None, False
 
     @staticmethod
     def _now() -> float:
@@ -40,6 +45,13 @@ class EpochTimer:
 
     def start(self, *args, **kwargs) -> None:
         self.started = self._now()
+
+    def batch_end(self, *args, **kwargs) -> None:
+        if self.first_batch:
+            return
+        self.first_batch = True
+        with self.path.open("a") as out:
+            out.write(json.dumps({"first_batch_s": self._now() - STARTED}) + "\n")
 
     def end(self, *args, epoch: int | None = None, **kwargs) -> None:
         if self.started is None:
@@ -55,7 +67,15 @@ def read_times(path: Path) -> list[float]:
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [row["seconds"] for row in sorted(rows, key=lambda row: row["epoch"])]
+    return [row["seconds"] for row in sorted((row for row in rows if "epoch" in row), key=lambda row: row["epoch"])]
+
+
+def read_first_batch(path: Path) -> float | None:
+    """The seconds from the process's start to the end of its first batch, if it got there."""
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return next((row["first_batch_s"] for row in rows if "first_batch_s" in row), None)
 
 
 def run_yolov5(yolov5: Path, times: Path, args: list[str]) -> None:
@@ -72,6 +92,7 @@ def run_yolov5(yolov5: Path, times: Path, args: list[str]) -> None:
     timer = EpochTimer(times.resolve())
     callbacks.register_action("on_train_epoch_start", name="gpu_check_epoch_start", callback=timer.start)
     callbacks.register_action("on_train_epoch_end", name="gpu_check_epoch_end", callback=timer.end)
+    callbacks.register_action("on_train_batch_end", name="gpu_check_first_batch", callback=timer.batch_end)
     yolov5_train.main(yolov5_train.parse_opt(), callbacks)
 
 

@@ -54,6 +54,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=["runs", "compile"], default=["runs", "compile"])
     parser.add_argument("--sets", type=int, nargs="+", default=[64, 16], help="images per set")
+    parser.add_argument("--data", type=Path, help="a data yaml to train on instead of the sets (the GPU check's)")
+    parser.add_argument("--cfg", default="yolov5n.yaml")
+    parser.add_argument("--warm-cache", type=Path, help="the kernel cache the warm runs use (default: a new one)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--imgsz", type=int, default=160)
     parser.add_argument("--batch", type=int, default=16)
@@ -141,10 +144,10 @@ def compiles_alive(cache: Path) -> list[int]:
 
 def train_command(opt: argparse.Namespace, yaml: Path, project: Path, mode: str) -> list[str]:
     augment_on = "workers" if mode == "workers" else "device"
-    return [sys.executable, str(REPO / "train.py"), "--data", str(yaml), "--imgsz", str(opt.imgsz), "--batch",
-            str(opt.batch), "--epochs", "1", "--device", opt.device, "--workers", str(opt.workers), "--augment-on",
-            augment_on, "--noval", "--nosave", "--noplots", "--seed", "0", "--project", str(project), "--exist-ok",
-            "--progress", "plain"]  # fmt: skip
+    return [sys.executable, str(REPO / "train.py"), "--data", str(yaml), "--cfg", opt.cfg, "--imgsz", str(opt.imgsz),
+            "--batch", str(opt.batch), "--epochs", "1", "--device", opt.device, "--workers", str(opt.workers),
+            "--augment-on", augment_on, "--noval", "--nosave", "--noplots", "--seed", "0", "--project", str(project),
+            "--exist-ok", "--progress", "plain"]  # fmt: skip
 
 
 def prime(cache: Path, device: str, timeout: float) -> dict:
@@ -154,7 +157,7 @@ import json, time
 from pathlib import Path
 from ddp_utils.data.device.compiled import CompiledKernels
 start = time.monotonic()
-kernels = CompiledKernels({device!r}, Path({str(cache)!r}))
+kernels = CompiledKernels({torch_device(device)!r}, Path({str(cache)!r}))
 ok = kernels.wait({KERNELS!r}, {timeout})
 print("PRIME " + json.dumps(dict(ok=ok, seconds=time.monotonic() - start, state=kernels.state())))
 """
@@ -166,11 +169,16 @@ print("PRIME " + json.dumps(dict(ok=ok, seconds=time.monotonic() - start, state=
     return json.loads(found[0][6:])
 
 
+def torch_device(device: str) -> str:
+    """train.py's ``--device`` (``cpu``, ``0``) as torch names it."""
+    return device if device == "cpu" or device.startswith("cuda") else f"cuda:{int(device)}"
+
+
 def runs(opt: argparse.Namespace, work: Path) -> list[dict]:
     """The ``runs`` part: every set and mode, in order."""
-    yamls = make_sets(work, opt.sets, opt.sides)
-    warm = work / "kernels-warm"
-    results = []
+    yamls = {"data": opt.data} if opt.data else make_sets(work, opt.sets, opt.sides)
+    warm = opt.warm_cache or work / "kernels-warm"
+    results, primed = [], {}
     for n, yaml in yamls.items():
         for mode in opt.modes:
             env = with_pythonpath(dict(os.environ, DDP_UTILS_PROGRESS_SECONDS="0"))
@@ -178,9 +186,9 @@ def runs(opt: argparse.Namespace, work: Path) -> list[dict]:
             if mode.startswith("device"):
                 cache = warm if mode == "device-warm" else Path(tempfile.mkdtemp(prefix=f"kernels-{mode}-", dir=work))
                 env["DDP_UTILS_KERNEL_CACHE"] = str(cache)
-                if mode == "device-warm" and not (warm / "primed").exists():
-                    primed = prime(warm, opt.device, opt.timeout)
-                    (warm / "primed").write_text(json.dumps(primed))
+                if mode == "device-warm" and not primed:  # the time to the compiled kernels, cold: made here
+                    primed.update(prime(warm, opt.device, opt.timeout))
+                    results.append(dict(images=n, mode="compile", **primed))
                 if mode == "device-nocxx":
                     env["CXX"] = "/bin/false"
             command = train_command(opt, yaml, work / "runs", mode)
@@ -226,10 +234,10 @@ def compile_times(opt: argparse.Namespace, work: Path) -> dict:
         cache = Path(tempfile.mkdtemp(prefix=f"compile-{name}-", dir=work))
         env = with_pythonpath(dict(os.environ), checkout)
         if name == "now":
-            args = [opt.device, str(cache), ",".join(KERNELS), str(opt.timeout)]
+            args = [torch_device(opt.device), str(cache), ",".join(KERNELS), str(opt.timeout)]
         else:  # the code before: Inductor's own cache, in a new folder
             env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-            args = [opt.device, str(opt.imgsz)]
+            args = [torch_device(opt.device), str(opt.imgsz)]
         for temperature in ("cold", "warm"):
             run = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                                  timeout=opt.timeout + 60, cwd=checkout)  # fmt: skip
@@ -249,6 +257,9 @@ def report(results: list[dict], compiled: dict) -> None:
               f"{'traceback':>9} {'compiled at':>11}  device render said")  # fmt: skip
         workers = {r["images"]: r["first_batch_s"] for r in results if r["mode"] == "workers"}
         for r in results:
+            if r["mode"] == "compile":
+                print(f"{r['images']:>6} {'(compile)':<13} the warm runs' kernels compiled in {_s(r.get('seconds'))}")
+                continue
             ref = workers.get(r["images"])
             later = None if ref is None or r["first_batch_s"] is None else r["first_batch_s"] - ref
             print(f"{r['images']:>6} {r['mode']:<13} {_s(r['first_batch_s']):>11} {_s(later):>10} "
