@@ -160,6 +160,14 @@ class RunSaves:
             f"{head}{_not_saved(self.checkpoints.last, self.says_resume)}" if self.info.is_main else ""
         )
 
+    def finished_words(self) -> str:
+        """Rank 0: the checkpoints a finished run has on disk, where each stands (``runs/exp/weights/last.pt (the end
+        of epoch 3) and runs/exp/weights/best.pt (the end of epoch 2)``); empty on the other ranks."""
+        if not self.info.is_main:
+            return ""
+        paths = [path for path in (self.checkpoints.last, self.checkpoints.best) if path.is_file()]
+        return " and ".join(f"{path} ({on_disk(path)})" for path in paths)
+
     def at_once_words(self) -> str:
         """What the writes leave when the process stops at once (a second Ctrl-C): a save still being written is
         not finished; which checkpoint is on disk, and where ``--resume`` continues. Empty on the other ranks."""
