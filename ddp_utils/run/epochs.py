@@ -91,7 +91,8 @@ def finish_training(run: Run, fit: Training, records: Records, info: DistInfo) -
     if owner is not None:  # a finished run's exit window (records handed it the signals): a stop signal exits 0
         owner.finished()
     if info.is_main and not stopped and failed is None:
-        finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not run.opt.noplots)
+        metrics, plots = fit.state.metrics()[0], not run.opt.noplots
+        finish_run(run.save_dir, metrics, epochs_done=fit.state.epoch, plots=plots, optional=records.optional)
         records.logger.log_weights([records.saves.checkpoints.best, records.saves.checkpoints.last])
     records.logger.close(finished=not stopped and failed is None)
     for loader in (fit.train_loader, fit.val_loader):  # now, while Ctrl-C still says what the run left

@@ -38,8 +38,9 @@ SAVE_FAILED_EXIT_CODE = 74  # EX_IOERR in sysexits.h: the final or stop save did
 
 
 class SaveFailed(RuntimeError):
-    """A run's final or stop save did not reach the disk; the message says which checkpoint is on disk and where
-    ``--resume`` continues (train.py: that line, exit code :data:`SAVE_FAILED_EXIT_CODE`)."""
+    """A run's final or stop save did not reach the disk (or, at its start, its ``opt.yaml``); the message says which
+    checkpoint is on disk and where ``--resume`` continues (train.py: that line, exit code
+    :data:`SAVE_FAILED_EXIT_CODE`)."""
 
 
 class RunSaves:
