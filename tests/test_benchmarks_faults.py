@@ -172,7 +172,10 @@ def test_a_full_disk_in_epoch_1_is_one_warning_and_the_job_ends_as_the_uninterru
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (row,) = json.loads((tmp_path / "faults.json").read_text())
     assert row["injected"].startswith("fault_inject: filled the disk") and row["injected"].endswith("training step 0")
-    assert row["line"].startswith("could not write ") and "train_batch0.jpg: No space left on device" in row["line"]
+    assert row["line"].startswith("could not write "), row  # the line as the table cuts it: the job's log has it whole
+    log = (tmp_path / "logs" / "job01.log").read_text()  # job00: the uninterrupted one
+    warned = [line for line in log.splitlines() if "it is optional, so the run goes on" in line]
+    assert len(warned) == 1 and "train_batch0.jpg: No space left on device; " in warned[0], warned
     assert row["optional_warnings"] == 1 and row["saves_failed"] == 1, row  # once, however many writes it refused
     assert "train_batch0.jpg" in row["plots_missing"], row
     assert row["exit"] == 0 and row["finished"] and row["steps_lost"] == 0 and row["weights"] == "equal", row
