@@ -104,7 +104,8 @@ def train_run(opt: argparse.Namespace, info: du.DistInfo, device: torch.device, 
         train_loader, val_loader, dataset = build_loaders(run, info, gs, device)
     if run.save_dir is None:  # the inputs are good: claim a run directory (a new run, or a copied last.pt resumed)
         run = run.replace(save_dir=make_run_dir(opt.project, opt.name, opt.exist_ok, info))
-    record_run(run, info)
+    if failed := record_run(run, info):  # a disk too full for opt.yaml: nothing trained, exit 74
+        raise SaveFailed(failed)
     # ---- optimizer, EMA, loss, DDP ----
     fit = build_training(run, model, device, info, gs, (train_loader, val_loader, dataset.labels))
     if stopper is not None:  # an evolve trial: judged once its warm-up, as the training has it, ends
@@ -195,7 +196,8 @@ def train_epoch(run: Run, fit: Training, device: torch.device, info: du.DistInfo
     fit.train_loader.set_epoch(state.epoch, start_batch=state.batch)
     batches = DevicePrefetcher(fit.train_loader, device, fit.step.channels_last)  # on CUDA: copies overlap
     batches = records.watchdog.track(batches, "train")  # a batch that never comes is a stall
-    plot = first_batches_plotter(run.save_dir, run.names, info.is_main and state.epoch == 0 and not opt.noplots)
+    first = info.is_main and state.epoch == 0 and not opt.noplots
+    plot = first_batches_plotter(run.save_dir, run.names, first, optional=records.optional)  # a full disk: a warning
     return engine.train_one_epoch(
         fit.step,
         batches,

@@ -23,10 +23,11 @@ from .benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu" / "gpu_check.py"
+# issue 46's order, the first step after the data and the render's two forms after YOLOv5 (issue 50)
 ISSUE_50_ORDER = [
     "data", "first_step", "ours", "yolov5", "forms", "loader", "decode_order", "memory", "default_job", "workers",
     "cuda_tests",
-]  # fmt: skip (issue 46's order, the first step after the data and the render's two forms after YOLOv5)
+]  # fmt: skip
 
 
 def load(name: str = "gpu_check"):

@@ -4,6 +4,7 @@
     torchrun --nproc_per_node 2 benchmarks/faults/fault_inject.py --nan-at 13 --nan-rank 1 -- --data ...
     torchrun ... benchmarks/faults/fault_inject.py --fill-before-save 1 --filler /mnt/small/filler -- --data ...
     torchrun ... benchmarks/faults/fault_inject.py --fill-before-final --filler /mnt/small/filler -- --data ...
+    torchrun ... benchmarks/faults/fault_inject.py --fill-at-step 1 --filler /mnt/small/filler -- --data ...
     torchrun ... benchmarks/faults/fault_inject.py --kill-after-save 2 -- --data ...
 
 - ``--nan-at``: the loss that ``TrainStep`` computes at its ``--nan-at``-th training forward (counted from 0 in this
@@ -14,6 +15,10 @@
   else of the run was written while the disk was full.
 - ``--fill-before-final``: the file system is filled just before rank 0's final save (the last epoch's), and stays
   full: the run's last save fails.
+- ``--fill-at-step N``: the file system is filled at rank 0's ``N``-th training loss (counted from 0 in this process,
+  as ``--nan-at``): in epoch 1, before its first save, while its first batches are drawn to the run directory
+  (train_batch{i}.jpg, drawn after step i); it is freed once the first save after it has failed, as for
+  ``--fill-before-save``.
 - ``--kill-after-save N``: rank 0 kills itself (SIGKILL) once its N-th counted save is on disk.
 
 Counted are the saves from epoch 2 on (the end of epoch 1 included) that are not the run's final one (epoch 1 still
@@ -59,6 +64,23 @@ def inject_nan(at: int, rank: int) -> None:
                 loss = loss * float("nan")
             calls[0] += 1
         return loss, items
+
+    loss_module.ComputeLoss.__call__ = call
+
+
+def at_training_loss(at: int, act: Callable[[], None]) -> None:
+    """Call ``act`` on rank 0 just before its ``at``-th training loss (a forward with gradients) is computed."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    original = loss_module.ComputeLoss.__call__
+    calls = [0]
+
+    def call(self, pred, targets):  # noqa: ANN001
+        if torch.is_grad_enabled():
+            if calls[0] == at:
+                act()
+            calls[0] += 1
+        return original(self, pred, targets)
 
     loss_module.ComputeLoss.__call__ = call
 
@@ -196,6 +218,10 @@ def save_hook(opt: argparse.Namespace) -> SaveHook | None:
 
     if opt.fill_before_final:
         return SaveHook(before_final=full("final "))
+    if opt.fill_at_step is not None:
+        step = opt.fill_at_step
+        at_training_loss(step, lambda: say(f"filled the disk ({fill(filler) / 2**20:.1f} MiB) at training step {step}"))
+        return SaveHook(on_failure=freed)
     return SaveHook(before=opt.fill_before_save, first=full(""), on_failure=freed)
 
 
@@ -205,12 +231,13 @@ def main() -> None:
     parser.add_argument("--nan-rank", type=int, default=0, help="the rank it happens on")
     parser.add_argument("--fill-before-save", type=int, default=0, help="fill the disk before rank 0's N-th save")
     parser.add_argument("--fill-before-final", action="store_true", help="fill the disk before the final save")
+    parser.add_argument("--fill-at-step", type=int, default=None, help="fill the disk at rank 0's N-th training loss")
     parser.add_argument("--filler", type=Path, default=None, help="the file that fills the disk (on its tmpfs)")
     parser.add_argument("--kill-after-save", type=int, default=0, help="SIGKILL rank 0 after its N-th save")
     split = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
     opt = parser.parse_args(sys.argv[1:split])
-    if (opt.fill_before_save or opt.fill_before_final) and opt.filler is None:
-        parser.error("--fill-before-save and --fill-before-final need --filler")
+    if (opt.fill_before_save or opt.fill_before_final or opt.fill_at_step is not None) and opt.filler is None:
+        parser.error("--fill-before-save, --fill-before-final and --fill-at-step need --filler")
     if opt.nan_at is not None:
         inject_nan(opt.nan_at, opt.nan_rank)
     hook = save_hook(opt)

@@ -2,7 +2,7 @@
 and what did it lose?
 
     python benchmarks/faults/faults.py [--faults sigterm sigterm-val sigkill sigstop worker-kill enospc enospc-final
-        nan truncated] [--epochs 3] [--save-interval 0.01] [--dir DIR]
+        enospc-epoch-1 nan truncated] [--epochs 3] [--save-interval 0.01] [--dir DIR]
 
 The job: ``torchrun --nproc_per_node 2 --max-restarts 3 train.py`` (gloo, CPU), yolov5n on 64 synthetic images
 at 128 px, 8 images a step (4 per process), one optimizer step per batch, ``--workers 1``, a periodic save every
@@ -21,17 +21,22 @@ watchdog at its default bound (120 s). First the same job uninterrupted, then on
 - ``enospc-final``: the same tmpfs filled up just before the run's final save, and left full (no restart): the
   job must end with a non-zero exit and a last line naming the checkpoint on disk and where ``--resume``
   continues; the benchmark frees the disk and does what that line says.
+- ``enospc-epoch-1``: the same tmpfs filled up at rank 0's first training step (epoch 1, before any save, while its
+  first batches are drawn to train_batch{0,1,2}.jpg), emptied again once the first save after it has failed: the
+  plots and rows that fail are optional (one warning, the first time) and training goes on (needs 2 epochs: the
+  failed save is not the last one).
 - ``nan``: rank 1's loss made NaN at one step of epoch 2.
 - ``truncated``: rank 0 killed (no restart) the moment its second save from epoch 2 on is on disk (the end of epoch
   1 is the first), its last.pt then cut to half (a copy cut short put in its place: a best.pt that shares its bytes
   stays whole); the job started again with ``--resume`` says in one line what to do; the benchmark does it, and
   resumes.
 
-The faults tied to a save (``enospc``, ``enospc-final``, ``truncated``) and the NaN are injected inside the job by
-``benchmarks/faults/fault_inject.py``, counting rank 0's saves as they land: they come at the same point of the
-run on any host, however fast. A fault whose moment never comes (the job finished first) is reported as not
-injected, a fault that fails the benchmark itself as failed; the table is printed whatever one row does, and the
-benchmark then exits 1 when a row was not injected (or skipped, or failed): its table is not whole.
+The faults tied to a save (``enospc``, ``enospc-final``, ``truncated``), the epoch-1 full disk and the NaN are
+injected inside the job by ``benchmarks/faults/fault_inject.py``, counting rank 0's saves as they land or its
+training steps: they come at the same point of the run on any host, however fast. A fault whose moment never comes
+(the job finished first) is reported as not injected, a fault that fails the benchmark itself as failed; the table is
+printed whatever one row does, and the benchmark then exits 1 when a row was not injected (or skipped, or failed):
+its table is not whole.
 
 Columns: how long after the fault the job said so (its first line about it); the optimizer steps trained
 twice (trained before the fault, after the position it resumed from); whether it finished with every epoch in
@@ -70,7 +75,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from ddp_utils.data import make_shapes_dataset  # noqa: E402
 from ddp_utils.run import CheckpointError, load_checkpoint  # noqa: E402
 
-FAULTS = ("sigterm", "sigterm-val", "sigkill", "sigstop", "worker-kill", "enospc", "enospc-final", "nan", "truncated")
+FAULTS = ("sigterm", "sigterm-val", "sigkill", "sigstop", "worker-kill", "enospc", "enospc-final", "enospc-epoch-1",
+          "nan", "truncated")  # fmt: skip
 INJECT = REPO_ROOT / "benchmarks" / "faults" / "fault_inject.py"
 INJECTED = re.compile(r"^fault_inject: ")  # the line the injector prints when it acts
 EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")  # torchrun's report of a worker's exit
@@ -86,6 +92,7 @@ USER_LINE = {  # the first line that says what happened, per fault
     "worker-kill": re.compile(r"DataLoader worker .*(killed|exited)|worker .*killed"),
     "enospc": re.compile(r"could not save checkpoint .*No space left on device"),
     "enospc-final": re.compile(r"training ended after epoch \d+ but could not save "),
+    "enospc-epoch-1": re.compile(r"could not write \S+: No space left on device; it is optional, so the run goes on"),
     "nan": re.compile(r"optimizer step\(s\) skipped \(non-finite gradients\)"),
     "truncated": re.compile(r"the checkpoint is damaged"),
 }
@@ -320,6 +327,13 @@ def fault_restart(s: Setup, out: Path, name: str, act: At, timeout: float = 900)
     return describe(name, job, None, act.at, act.reached, out / name, s)
 
 
+ENOSPC_WHEN = {  # fault_inject.py's options, per row
+    "enospc": ["--fill-before-save", "1"],
+    "enospc-final": ["--fill-before-final"],
+    "enospc-epoch-1": ["--fill-at-step", "0"],
+}
+
+
 def fault_enospc(s: Setup, out: Path, name: str) -> dict:
     final = name == "enospc-final"
     if not final and s.epochs < 2:
@@ -329,8 +343,7 @@ def fault_enospc(s: Setup, out: Path, name: str) -> dict:
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(mount)], capture_output=True).returncode:
         return {"fault": name, "skipped": "cannot mount a tmpfs here (needs root)"}
     filler, injected, resumed = mount / "filler", Injected(), None
-    when = ["--fill-before-final"] if final else ["--fill-before-save", "1"]
-    wrapper = [str(INJECT), *when, "--filler", str(filler), "--"]
+    wrapper = [str(INJECT), *ENOSPC_WHEN[name], "--filler", str(filler), "--"]
     try:
         job = run_job(s.job(mount, name, wrapper=wrapper, restarts=0 if final else 3), s.env, 600, injected)
         if final and injected.at is not None:  # free the disk, then do what the last line says
@@ -344,6 +357,12 @@ def fault_enospc(s: Setup, out: Path, name: str) -> dict:
         return not_injected(name, "the injector never acted: rank 0's save never reached the disk")
     record = describe(name, job, resumed, injected.at, injected.reached, out / name, s)
     record["injected"] = injected.line
+    if name == "enospc-epoch-1":  # what the full disk cost: the optional files' one warning, the saves that failed
+        text = [line for _, line in job.lines]
+        record["optional_warnings"] = sum(bool(USER_LINE[name].search(line)) for line in text)
+        record["saves_failed"] = sum(line.startswith("could not save checkpoint ") for line in text)
+        plots = [f"train_batch{i}.jpg" for i in range(3)]
+        record["plots_missing"] = [plot for plot in plots if not (out / name / plot).exists()]
     if final:
         worker = next((m for _, line in job.lines if (m := EXITCODE.search(line))), None)
         said = job.first(USER_LINE[name])
@@ -438,7 +457,7 @@ def inject(name: str, s: Setup, out: Path) -> dict:
         return fault_restart(s, out, name, At(signal_rank(1, signal.SIGSTOP), batch=3))
     if name == "worker-kill":
         return fault_restart(s, out, name, At(kill_loader_worker, batch=3))
-    if name in ("enospc", "enospc-final"):
+    if name in ENOSPC_WHEN:
         return fault_enospc(s, out, name)
     if name == "nan":
         return fault_nan(s, out, name)

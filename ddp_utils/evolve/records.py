@@ -84,6 +84,23 @@ def best_result(results: Sequence[TrialResult]) -> TrialResult | None:
     return max(pool, key=lambda r: (r.fitness, -r.number), default=None)
 
 
+def best_words(best: TrialResult) -> str:
+    """The best trial in the lines' words: a pruned one (the best only when no trial completed) says so, with the
+    epoch it reached: its fitness was judged there, not at the last epoch.
+
+    Examples:
+        >>> best_words(TrialResult(4, (0, 0, 0.5, 0.3, 0, 0, 0), {}, 3, False))
+        'trial 4, fitness 0.32'
+        >>> best_words(TrialResult(1, (0, 0, 0.2, 0.1, 0, 0, 0), {}, 2, True))
+        'trial 1 (pruned after epoch 2), fitness 0.11'
+    """
+    return f"trial {best.number}{_pruned(best)}, fitness {best.fitness:.4g}"
+
+
+def _pruned(result: TrialResult) -> str:
+    return f" (pruned after epoch {result.epochs})" if result.pruned else ""
+
+
 def csv_text(results: Sequence[TrialResult], keys: Sequence[str]) -> str:
     """evolve.csv's text: YOLOv5's header and number format, our three columns after its.
 
@@ -119,7 +136,8 @@ def best_yaml_text(best: TrialResult, total: int, finished: int) -> str:
     """hyp_evolve.yaml: a comment header (the best trial, its metrics), then every hyperparameter."""
     head = [
         "# ddp_utils hyperparameter evolution (train.py --evolve): the best trial's hyperparameters",
-        f"# best trial: {best.number}, fitness {best.fitness:.5g}; {finished} of {total} trials finished",
+        f"# best trial: {best.number}, fitness {best.fitness:.5g}; {finished} of {total} trials finished"
+        + (f"; pruned after epoch {best.epochs}: no trial trained to its last epoch" if best.pruned else ""),
         "# " + ", ".join(f"{k:>20s}" for k in METRIC_COLUMNS),
         "# " + ", ".join(f"{v:>20.5g}" for v in best.metrics),
         "",
@@ -225,11 +243,11 @@ def trial_line(result: TrialResult | None, number: int, state: str, finished: in
         >>> r = TrialResult(3, (0.5, 0.4, 0.3, 0.2, 0.05, 0.04, 0.03), {}, 2, True)
         >>> print(*trial_line(r, 3, "pruned", 4, 8, r).split("; "), sep="\\n")
         evolve: trial 3 pruned after epoch 2 (4/8 finished): fitness 0.21, mAP@0.5 0.3, mAP@0.5:0.95 0.2
-        best: trial 3, 0.21
+        best: trial 3 (pruned after epoch 2), 0.21
     """
     what = f"pruned after epoch {result.epochs}" if result is not None and result.pruned else state
     head = f"evolve: trial {number} {what} ({finished}/{total} finished)"
-    tail = f"; best: trial {best.number}, {best.fitness:.4g}" if best is not None else ""
+    tail = f"; best: trial {best.number}{_pruned(best)}, {best.fitness:.4g}" if best is not None else ""
     if result is None:
         return head + tail
     m = result.metrics
@@ -255,6 +273,7 @@ __all__ = [
     "METRIC_COLUMNS",
     "TrialResult",
     "best_result",
+    "best_words",
     "best_yaml_text",
     "csv_text",
     "evolve_figure",

@@ -10,7 +10,10 @@ How a trial ends:
 - a stop signal: its ``last.pt`` saved mid-epoch as in any run; the trial goes back to the queue and this worker
   ends; the next start of the same command continues it, to the same bits;
 - non-finite steps (``TrainingDiverged``) or an error: failed, with its reason, never a result; the study goes on
-  (under torchrun an error other than divergence ends the worker, since the ranks may no longer agree).
+  (under torchrun an error other than divergence ends the worker, since the ranks may no longer agree);
+- its final or stop save did not reach the disk (:class:`~ddp_utils.run.saves.SaveFailed`: a full disk, which every
+  trial would meet): the trial goes back to the queue, its ``last.pt`` on disk kept, and the study ends there with
+  train.py's exit code for it (74) and one line naming the trial and the checkpoint it has on disk.
 
 The worker's evolve directory then holds ``evolve.csv``, ``hyp_evolve.yaml`` and ``evolve.png``
 (:mod:`.records`), rewritten from the study after every trial.
@@ -34,8 +37,9 @@ from ..distributed import DistInfo, broadcast_object, launch_key
 from ..engine.guard import TrainingDiverged
 from ..log import LOGGER
 from ..run.options import is_user_error, user_errors
+from ..run.saves import SaveFailed
 from .heartbeat import heartbeat
-from .records import TrialResult, trial_line, trial_metrics, trial_results, write_records
+from .records import TrialResult, best_words, trial_line, trial_metrics, trial_results, write_records
 from .settings import EvolveSettings
 from .store import (
     STUDY_FILE,
@@ -114,10 +118,12 @@ class Evolution:
         LOGGER.warning(f"evolve: trial {trial.number} failed: {reason}")
         self.write(None, "failed", trial.number)
 
-    def pause(self, trial: optuna.Trial) -> None:
-        """Put a trial stopped by a signal back in the queue, its last.pt saved: the next start continues it."""
+    def pause(self, trial: optuna.Trial, saved: bool = True) -> None:
+        """Put a trial back in the queue: the next start continues it from its last.pt. ``saved``: a signal stopped
+        it, its last.pt saved (one line says so); else its save failed, and the study's last line says what it has."""
         pause(self.storage, trial)
-        LOGGER.info(f"evolve: trial {trial.number} stopped and saved; start the same command again to continue it")
+        if saved:
+            LOGGER.info(f"evolve: trial {trial.number} stopped and saved; start the same command again to continue it")
 
     def write(self, result: TrialResult | None, state: str, number: int | None = None) -> TrialResult | None:
         """evolve.csv, hyp_evolve.yaml and evolve.png from the study; the trial's line when one ended.
@@ -155,10 +161,13 @@ class Evolution:
         if best is None:
             return line
         if going_on:  # not done: the results are rewritten as the other trials finish
-            return line + (f"; best so far: trial {best.number}, fitness {best.fitness:.4g}; results in "
+            return line + f"; best so far: {best_words(best)}; results in {s.evolve_dir}"
+        if best.pruned:  # every trial was pruned: settings judged at an early epoch are no result to train with
+            return line + (f"; best: {best_words(best)}, and no trial trained to its last epoch: evolve on before "
+                           f"training with them (more trials, or --evolve-prune off); results in "
                            f"{s.evolve_dir}")  # fmt: skip
-        return line + (f"; best: trial {best.number}, fitness {best.fitness:.4g}; results in {s.evolve_dir}; train "
-                       f"with them: python train.py --hyp {s.evolve_dir / 'hyp_evolve.yaml'}")  # fmt: skip
+        return line + (f"; best: {best_words(best)}; results in {s.evolve_dir}; train with them: python train.py "
+                       f"--hyp {s.evolve_dir / 'hyp_evolve.yaml'}")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -214,7 +223,8 @@ def evolve(opt: argparse.Namespace, info: DistInfo, device: Any, train_run: Trai
         # the pruner waits for the trial's warm-up: train_run gives the stopper its length as the training has it
         stopper = TrialStopper(opt.patience, settings.epochs, trial, settings.prune != "off")
         run_opt = plan.options(opt, prune=settings.prune != "off")
-        outcome = run_trial(evolution, trial, functools.partial(train_run, run_opt, trial_info, device, stopper), info)
+        train = functools.partial(train_run, run_opt, trial_info, device, stopper)
+        outcome = run_trial(evolution, trial, train, info, number=plan.number)
         if outcome == "stopped":
             break
         if outcome == "trained" and evolution is not None:  # a failed trial is recorded already, never a result
@@ -223,12 +233,18 @@ def evolve(opt: argparse.Namespace, info: DistInfo, device: Any, train_run: Trai
         LOGGER.info(evolution.summary())
 
 
-def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any], info: DistInfo) -> str:
+def run_trial(
+    evolution: Evolution | None, trial: Any, train: Callable[[], Any], info: DistInfo, number: int | None = None
+) -> str:
     """Train one trial: ``"trained"`` (to its end or pruned: its results to record), ``"failed"`` (recorded, with
     its reason) or ``"stopped"`` (a signal: the trial goes back to the queue and this worker stops).
 
     Divergence fails the trial and the study goes on; so does any other error in a single process (under torchrun
     it ends the worker, whose ranks may no longer agree). Only ``evolution`` (rank 0) writes to the store.
+
+    Raises:
+        SaveFailed: the trial's final or stop save did not reach the disk (every rank alike): the trial is back in
+            the queue, and the message, the study's last line, names it (``number``) and what it has on disk.
     """
     try:
         with heartbeat(
@@ -239,6 +255,12 @@ def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any],
         if evolution is not None:
             evolution.fail(trial, f"diverged: {exc}")
         return "failed"
+    except SaveFailed as exc:  # a full disk: every trial would meet it; this one continues once the disk is freed
+        if evolution is not None:
+            evolution.pause(trial, saved=False)
+        which = f"trial {number}" if number is not None else "the trial"
+        raise SaveFailed(f"evolve: {which}: {exc}; the study stops here, {which} back in its queue: free the disk, "
+                         "then start the same command again") from None  # fmt: skip
     except Exception as exc:
         if evolution is not None:
             evolution.fail(trial, f"{type(exc).__name__}: {exc}")
@@ -246,7 +268,7 @@ def run_trial(evolution: Evolution | None, trial: Any, train: Callable[[], Any],
             raise
         LOGGER.warning("evolve: the trial's error; the study goes on", exc_info=True)
         return "failed"
-    except KeyboardInterrupt:  # a second Ctrl-C: the trial waits for the next start
+    except KeyboardInterrupt:  # train.run's host program keeps Python's Ctrl-C (train.py's own never raises it)
         if evolution is not None:
             evolution.pause(trial)
         raise

@@ -22,6 +22,7 @@ from ..distributed import DistInfo, any_rank, reduce_tensor
 from ..log import LOGGER
 from ..yolo.metrics import class_maps, fitness
 from .early_stop import is_new_best
+from .interrupt import ctrl_c_owner
 from .loggers import results_values
 from .records import Records
 from .report import epoch_line, epoch_notes, epoch_speed, finish_run
@@ -73,6 +74,11 @@ def finish_training(run: Run, fit: Training, records: Records, info: DistInfo) -
     best.pt and last.pt and draws the curves; the trackers get the weights), then the logger closes, its runs
     FINISHED or, for a stopped run or one whose last save failed, left to be resumed; the loaders' workers end.
 
+    A finished run's exit window opens first (:meth:`~ddp_utils.run.interrupt.CtrlC.finished`, where train.py owns
+    the signals): from here to the process's end a stop signal (SIGTERM, the requeue signal, Ctrl-C) ends the
+    process at once with exit code 0 and one line naming the checkpoints on disk; the last words it cuts short are
+    optional ones (the stripped best.pt, results.png, the trackers' closing).
+
     Returns:
         why the run stopped early (``"signal"``, ...: :attr:`~ddp_utils.run.control.StepControl.reason`), or None.
 
@@ -81,8 +87,12 @@ def finish_training(run: Run, fit: Training, records: Records, info: DistInfo) -
             checkpoint is on disk and where ``--resume`` continues. Nothing says "done".
     """
     stopped, failed = records.control.reason is not None, records.saves.failed
+    owner = ctrl_c_owner()
+    if owner is not None:  # a finished run's exit window (records handed it the signals): a stop signal exits 0
+        owner.finished()
     if info.is_main and not stopped and failed is None:
-        finish_run(run.save_dir, fit.state.metrics()[0], epochs_done=fit.state.epoch, plots=not run.opt.noplots)
+        metrics, plots = fit.state.metrics()[0], not run.opt.noplots
+        finish_run(run.save_dir, metrics, epochs_done=fit.state.epoch, plots=plots, optional=records.optional)
         records.logger.log_weights([records.saves.checkpoints.best, records.saves.checkpoints.last])
     records.logger.close(finished=not stopped and failed is None)
     for loader in (fit.train_loader, fit.val_loader):  # now, while Ctrl-C still says what the run left

@@ -7,6 +7,7 @@ numbered name, are :mod:`ddp_utils.run.start`'s and :mod:`ddp_utils.run.run_dir`
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -19,6 +20,7 @@ import yaml
 from ..files import mkstemp_shared
 from ..log import LOGGER
 from .checkpoint import to_plain
+from .optional_files import OptionalFiles
 
 METRIC_COLUMNS = (  # a validation's seven numbers, as results.csv and YOLOv5's evolve.csv name them
     "metrics/precision",
@@ -130,12 +132,18 @@ class ResultsLogger:
     It writes wherever it is enabled: the caller decides who writes (train.py passes
     ``enabled=False`` off rank 0, where every method returns at once).
 
+    Its writes are optional (:class:`~ddp_utils.run.optional_files.OptionalFiles`): a row that cannot be written
+    (a full disk) is one warning, the first time, and is written with the next row that can be (nothing of it is left
+    half-written meanwhile), so results.csv still has every epoch once when the disk frees up; TensorBoard, whose
+    writer keeps its first error, stops there.
+
     Args:
         save_dir: the run directory.
         start_epoch: the epoch the run starts (or resumes) at.
         tensorboard: also write TensorBoard scalars when the package is importable.
         trackers: a :class:`~ddp_utils.run.trackers.Trackers` that gets every row too, or None.
         enabled: False: write nothing (the other ranks of a DDP run).
+        optional: the run's optional writes (one warning for all of them); default: this logger's own.
 
     Examples:
         >>> import tempfile
@@ -153,18 +161,21 @@ class ResultsLogger:
         tensorboard: bool = True,
         trackers: Any = None,
         enabled: bool = True,
+        optional: OptionalFiles | None = None,
     ) -> None:
         self.save_dir = Path(save_dir)
         self.csv = self.save_dir / "results.csv"
         self.enabled = enabled
         self.tb = None
         self.trackers = trackers
+        self.optional = optional or OptionalFiles()
+        self._rows: list[list[str]] = []  # rows not yet on disk (a full disk): written with the next one
         if not self.enabled:
             return
         self.save_dir.mkdir(parents=True, exist_ok=True)
         self._truncate(start_epoch)
         if tensorboard:
-            self.tb = tensorboard_writer(self.save_dir)
+            self.tb = self.optional.write(self.save_dir, lambda: tensorboard_writer(self.save_dir), " (TensorBoard)")
 
     def _truncate(self, start_epoch: int) -> None:
         if not self.csv.exists():
@@ -210,18 +221,34 @@ class ResultsLogger:
         missing = [k for k in RESULTS_COLUMNS[1:] if k not in values]
         if missing:
             raise KeyError(f"ResultsLogger.log: values lack the columns {missing}")
-        new_file = not self.csv.exists() or self.csv.stat().st_size == 0
-        with open(self.csv, "a", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f, lineterminator="\n")
-            if new_file:
-                writer.writerow(RESULTS_COLUMNS)
-            writer.writerow([str(int(epoch)), *(_format(float(values[k])) for k in RESULTS_COLUMNS[1:])])
-        if self.tb is not None:
-            for key, value in values.items():
-                self.tb.add_scalar(key, float(value), epoch)
-            self.tb.flush()
+        self._rows.append([str(int(epoch)), *(_format(float(values[k])) for k in RESULTS_COLUMNS[1:])])
+        self.optional.write(self.csv, self._append_rows)
+        if self.tb is not None and self.optional.write(self.save_dir, lambda: self._tensorboard(epoch, values),
+                                                       " (TensorBoard)") is None:  # fmt: skip
+            self.tb = None  # its writer keeps its first error: it would raise again at every call
         if self.trackers is not None:
             self.trackers.log(epoch, values)
+
+    def _append_rows(self) -> None:
+        """Append the rows not yet on disk (the header first into a new file); one that fails is cut off again."""
+        size = self.csv.stat().st_size if self.csv.exists() else 0
+        try:
+            with open(self.csv, "a", newline="", encoding="utf-8") as f:
+                writer = csv.writer(f, lineterminator="\n")
+                if size == 0:
+                    writer.writerow(RESULTS_COLUMNS)
+                writer.writerows(self._rows)
+        except OSError:
+            with contextlib.suppress(OSError):  # no half row left behind: the next append starts on a line
+                os.truncate(self.csv, size)
+            raise
+        self._rows.clear()
+
+    def _tensorboard(self, epoch: int, values: Mapping[str, float]) -> bool:
+        for key, value in values.items():
+            self.tb.add_scalar(key, float(value), epoch)
+        self.tb.flush()
+        return True
 
     def log_weights(self, paths: Sequence[str | Path]) -> None:
         """Hand the run's checkpoints to the trackers (as artifacts); results.csv and TensorBoard keep none."""
@@ -229,10 +256,13 @@ class ResultsLogger:
             self.trackers.log_weights([Path(p) for p in paths])
 
     def close(self, finished: bool = True, failed: bool = False) -> None:
-        """Close the TensorBoard writer and end the trackers' runs (``finished``: not stopped to resume)."""
+        """Close the TensorBoard writer and end the trackers' runs (``finished``: not stopped to resume); rows a full
+        disk held back are tried a last time."""
+        if self._rows:
+            self.optional.write(self.csv, self._append_rows)
         if self.tb is not None:
-            self.tb.close()
-            self.tb = None
+            tb, self.tb = self.tb, None
+            self.optional.write(self.save_dir, tb.close, " (TensorBoard)")
         if self.trackers is not None:
             self.trackers.close(finished, failed)
             self.trackers = None

@@ -3,14 +3,17 @@
 Each function draws and returns the written path, on whichever process calls it: the caller
 decides who draws (train.py: the main process), as with YOLOv5's. matplotlib is imported when a
 plot is made, and drawn through its Agg canvas directly: the library never changes the
-user's pyplot backend.
+user's pyplot backend. A picture is encoded in memory, then written whole or not at all (a temp
+file renamed into place): a full disk leaves no half image, and its OSError says why (ENOSPC).
 """
 
 from __future__ import annotations
 
 import colorsys
 import csv
+import io
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ from typing import Any
 import cv2
 import numpy as np
 import torch
+
+from ..files import mkstemp_shared
 
 _RESULT_PANELS = (
     ("train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall"),
@@ -35,6 +40,36 @@ def class_color(cls: int) -> tuple[int, int, int]:
     hue = (cls * 0.618033988749895) % 1.0  # golden-ratio steps spread the hues evenly
     r, g, b = colorsys.hsv_to_rgb(hue, 0.78, 1.0)
     return int(round(r * 255)), int(round(g * 255)), int(round(b * 255))
+
+
+def write_image(path: str | Path, data: bytes) -> Path:
+    """Write an encoded image to ``path`` whole or not at all: a temp file beside it, renamed into place.
+
+    Raises:
+        OSError: the write failed (a full disk: ENOSPC); nothing is left at ``path`` that was not there before.
+
+    Examples:
+        >>> import tempfile
+        >>> write_image(Path(tempfile.mkdtemp()) / "x.jpg", b"bytes").read_bytes()
+        b'bytes'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = mkstemp_shared(path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _save_figure(fig: Any, path: Path) -> Path:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".") or "png", dpi=200)
+    return write_image(path, buffer.getvalue())
 
 
 def _figure(rows: int, cols: int, size: tuple[float, float]) -> tuple[Any, Any]:
@@ -79,8 +114,7 @@ def plot_results(csv_path: str | Path, out: str | Path | None = None) -> Path:
             ax.set_title(name, fontsize=11)
             ax.set_xlabel("epoch")
     out = Path(out) if out is not None else csv_path.with_name("results.png")
-    fig.savefig(out, dpi=200)
-    return out
+    return _save_figure(fig, out)
 
 
 def plot_labels(
@@ -130,10 +164,7 @@ def plot_labels(
         ax.set_ylim(0, 1)
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
-    out = Path(save_dir) / "labels.jpg"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=200)
-    return out
+    return _save_figure(fig, Path(save_dir) / "labels.jpg")
 
 
 def _is_array(x: Any) -> bool:
@@ -200,10 +231,10 @@ def plot_images(
         rows = labels[labels[:, 0] == i] if len(labels) else ()
         _draw_labels(mosaic, rows, (x0, y0), (tw, th), names, thickness, font)
     fname = Path(fname)
-    fname.parent.mkdir(parents=True, exist_ok=True)
-    if not cv2.imwrite(str(fname), cv2.cvtColor(mosaic, cv2.COLOR_RGB2BGR)):
-        raise OSError(f"plot_images: could not write {fname}")
-    return fname
+    encoded, data = cv2.imencode(fname.suffix or ".jpg", cv2.cvtColor(mosaic, cv2.COLOR_RGB2BGR))
+    if not encoded:
+        raise ValueError(f"plot_images: OpenCV cannot encode {fname.suffix!r} images ({fname})")
+    return write_image(fname, data.tobytes())
 
 
 def _draw_labels(

@@ -20,6 +20,7 @@ from .control import StepControl
 from .early_stop import EarlyStopping
 from .interrupt import ctrl_c_owner
 from .loggers import ResultsLogger
+from .optional_files import OptionalFiles
 from .options import control_settings
 from .plots import plot_labels
 from .saves import RunSaves
@@ -44,6 +45,11 @@ class Records:
         control: go on, save or stop after each step, the same on every rank
             (:class:`~ddp_utils.run.control.StepControl`).
         watchdog: the :class:`~ddp_utils.distributed.StallWatchdog` (``DDP_UTILS_STALL_TIMEOUT``).
+        optional: the run's optional writes (plots, results.csv rows, TensorBoard events): one that fails (a full
+            disk) is one warning, the first time, and the run goes on
+            (:class:`~ddp_utils.run.optional_files.OptionalFiles`).
+        ends_process: the process ends after this run (not an evolve trial, one of many): once its final save is on
+            disk, its stop signals are the process's Ctrl-C owner's (the exit window, :mod:`~ddp_utils.run.interrupt`).
     """
 
     logger: ResultsLogger
@@ -51,6 +57,8 @@ class Records:
     saves: RunSaves
     control: StepControl
     watchdog: StallWatchdog
+    optional: OptionalFiles = dataclasses.field(default_factory=OptionalFiles)
+    ends_process: bool = True
     _open: contextlib.ExitStack | None = dataclasses.field(default=None, init=False, repr=False)
 
     def __enter__(self) -> Records:
@@ -70,11 +78,19 @@ class Records:
         """At the end of the epochs, still inside ``with records``: where training stopped (a signal, steps that
         stayed non-finite) saved to last.pt with the batch it stopped at (``stats``: the unfinished epoch's, or
         None), then every write of rank 0 waited for, so nothing is lost when the process ends. A final or stop
-        save that did not land is ``saves.failed``, the same on every rank."""
+        save that did not land is ``saves.failed``, the same on every rank.
+
+        A run that finished (its final save on disk, no stop) hands its stop signals to the process's Ctrl-C owner,
+        which holds what comes until :func:`~ddp_utils.run.epochs.finish_training` opens the exit window: the
+        ranks' watchdogs still wait here for every rank to be done."""
         if self.control.reason is not None:
             self.saves.stop(fit, stats)
-        else:
-            self.saves.finish(fit)
+            return
+        self.saves.finish(fit)
+        owner = ctrl_c_owner()
+        if owner is not None and self.ends_process and self.saves.failed is None:
+            preemption = self.control.preemption  # a signal it received during the final save: held for the window
+            owner.finishing(self.saves.finished_words(), preemption.signals, heard=preemption.received)
 
 
 def summary_line(run: Run, world_size: int, accumulate: int, images: int) -> str:
@@ -100,11 +116,11 @@ def open_records(run: Run, fit: Training, info: DistInfo, stopper: Any = None) -
     Returns:
         the run's :class:`Records`, not yet entered.
     """
-    params = {"opt": run.options(), "hyp": run.hyp}
+    params, optional = {"opt": run.options(), "hyp": run.hyp}, OptionalFiles()
     trackers = Trackers(run.opt.trackers if info.is_main else [], run.save_dir, Path(run.opt.project), params)
-    logger = ResultsLogger(run.save_dir, fit.state.epoch, trackers=trackers, enabled=info.is_main)
+    logger = ResultsLogger(run.save_dir, fit.state.epoch, trackers=trackers, enabled=info.is_main, optional=optional)
     if run.resume is None and info.is_main and not run.opt.noplots:
-        plot_labels(fit.labels, run.names, run.save_dir)
+        optional.write(run.save_dir / "labels.jpg", lambda: plot_labels(fit.labels, run.names, run.save_dir))
     stopper = stopper or EarlyStopping(patience=run.opt.patience)
     if fit.state.best_epoch >= 0:
         stopper.best_fitness, stopper.best_epoch = fit.state.best_fitness, fit.state.best_epoch
@@ -112,8 +128,9 @@ def open_records(run: Run, fit: Training, info: DistInfo, stopper: Any = None) -
     watchdog = StallWatchdog()  # its timeout was checked with the options
     control = StepControl(**control_settings(run.opt, info.is_main), watchdog=watchdog, skipped=fit.state.skipped)
     LOGGER.info(summary_line(run, info.world_size, fit.step.accumulate, len(fit.train_loader.dataset)))
-    saves = RunSaves(checkpoints, control, info, watchdog, says_resume=not getattr(stopper, "requeues_on_stop", False))
-    return Records(logger, stopper, saves, control, watchdog)
+    in_study = getattr(stopper, "requeues_on_stop", False)  # an evolve trial: its study goes on after it
+    saves = RunSaves(checkpoints, control, info, watchdog, says_resume=not in_study)
+    return Records(logger, stopper, saves, control, watchdog, optional, ends_process=not in_study)
 
 
 __all__ = ["Records", "open_records", "summary_line"]

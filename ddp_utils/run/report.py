@@ -17,6 +17,7 @@ import torch
 
 from ..log import LOGGER
 from .checkpoint import strip_optimizer
+from .optional_files import OptionalFiles
 from .plots import plot_images, plot_results
 
 EPOCH_LINE = re.compile(r"\bepoch (\d+)/\d+: [^\n]*?([0-9.]+) img/s, data wait ([0-9.]+)%")
@@ -85,35 +86,46 @@ def parse_epoch_lines(text: str) -> list[dict]:
 
 
 def first_batches_plotter(
-    save_dir: Path, names: Mapping[int, str], enabled: bool = True, n: int = 3
+    save_dir: Path, names: Mapping[int, str], enabled: bool = True, n: int = 3, optional: OptionalFiles | None = None
 ) -> Callable[[int, torch.Tensor, torch.Tensor, list[str]], None] | None:
     """A :func:`~ddp_utils.engine.train_one_epoch` ``on_batch`` callback drawing batches 0..n-1 to train_batch{i}.jpg.
 
     Returns None when not ``enabled`` (other ranks, ``--noplots``, epochs after the first), so
-    the loop has no callback to call at all.
+    the loop has no callback to call at all. The pictures are optional (``optional``: the run's
+    :class:`~ddp_utils.run.optional_files.OptionalFiles`): one a full disk refuses is a warning, and training goes on.
     """
     if not enabled:
         return None
+    optional = optional or OptionalFiles()
 
     def plot(i: int, imgs_uint8: torch.Tensor, targets: torch.Tensor, paths: list[str]) -> None:
         if i < n:
-            plot_images(imgs_uint8, targets, Path(save_dir) / f"train_batch{i}.jpg", paths, dict(names))
+            path = Path(save_dir) / f"train_batch{i}.jpg"
+            optional.write(path, lambda: plot_images(imgs_uint8, targets, path, paths, dict(names)))
 
     return plot
 
 
-def finish_run(save_dir: str | Path, metrics: Mapping[str, float], epochs_done: int, plots: bool = True) -> None:
+def finish_run(
+    save_dir: str | Path,
+    metrics: Mapping[str, float],
+    epochs_done: int,
+    plots: bool = True,
+    optional: OptionalFiles | None = None,
+) -> None:
     """A finished run's last words: best.pt stripped of its optimizer, results.png drawn (``plots``), the final line.
 
     It writes wherever it is called: the caller calls it on one process (train.py: the main one), after
-    the last epoch (not after a preemption: that run goes on).
+    the last epoch (not after a preemption: that run goes on). Both writes are optional (``optional``: the run's
+    :class:`~ddp_utils.run.optional_files.OptionalFiles`): on a full disk best.pt keeps its optimizer (the same
+    weights), results.png is not drawn, and the final line still comes.
     """
-    save_dir = Path(save_dir)
+    save_dir, optional = Path(save_dir), optional or OptionalFiles()
     best = save_dir / "weights" / "best.pt"
     if best.exists():
-        strip_optimizer(best)
+        optional.write(best, lambda: strip_optimizer(best), " without its optimizer (it keeps it)")
     if plots:
-        plot_results(save_dir / "results.csv")
+        optional.write(save_dir / "results.png", lambda: plot_results(save_dir / "results.csv"))
     LOGGER.info(
         f"{epochs_done} epoch{'' if epochs_done == 1 else 's'} done; results in {save_dir}; "
         f"final mAP@0.5 {metrics['map50']:.3f}, mAP@0.5:0.95 {metrics['map']:.3f}"

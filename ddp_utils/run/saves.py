@@ -38,8 +38,9 @@ SAVE_FAILED_EXIT_CODE = 74  # EX_IOERR in sysexits.h: the final or stop save did
 
 
 class SaveFailed(RuntimeError):
-    """A run's final or stop save did not reach the disk; the message says which checkpoint is on disk and where
-    ``--resume`` continues (train.py: that line, exit code :data:`SAVE_FAILED_EXIT_CODE`)."""
+    """A run's final or stop save did not reach the disk (or, at its start, its ``opt.yaml``); the message says which
+    checkpoint is on disk and where ``--resume`` continues (train.py: that line, exit code
+    :data:`SAVE_FAILED_EXIT_CODE`)."""
 
 
 class RunSaves:
@@ -159,6 +160,14 @@ class RunSaves:
         return broadcast_object(
             f"{head}{_not_saved(self.checkpoints.last, self.says_resume)}" if self.info.is_main else ""
         )
+
+    def finished_words(self) -> str:
+        """Rank 0: the checkpoints a finished run has on disk, where each stands (``runs/exp/weights/last.pt (the end
+        of epoch 3) and runs/exp/weights/best.pt (the end of epoch 2)``); empty on the other ranks."""
+        if not self.info.is_main:
+            return ""
+        paths = [path for path in (self.checkpoints.last, self.checkpoints.best) if path.is_file()]
+        return " and ".join(f"{path} ({on_disk(path)})" for path in paths)
 
     def at_once_words(self) -> str:
         """What the writes leave when the process stops at once (a second Ctrl-C): a save still being written is

@@ -9,7 +9,9 @@ so the step never waits), rank 0 saves ``last.pt`` and all ranks leave the loop 
 A second delivery of the same signal gives it back its previous behaviour (for SIGTERM: terminate).
 Ctrl-C is the process's, where it has an owner (:func:`~ddp_utils.run.interrupt.own_ctrl_c`: train.py): the
 handler then listens to the owner, whose second press stops the process at once, in one line, with exit code
-130. Without an owner (a library's host program) a second Ctrl-C gets Python's own behaviour back, even when
+130; once the run has finished (its final save on disk), the owner takes the other stop signals too, and this
+handler leaves them to it when it ends (the exit window: :mod:`~ddp_utils.run.interrupt`). Without an owner (a
+library's host program) a second Ctrl-C gets Python's own behaviour back, even when
 both arrive during one long step: Python runs a handler once for deliveries that come before it gets to run,
 so the handler counts them from a wakeup file descriptor, which receives a byte per delivery
 (:func:`signal.set_wakeup_fd`). A repeat within :attr:`PreemptionHandler.repeat_window` seconds (SIGINT
@@ -108,11 +110,15 @@ class PreemptionHandler:
         self.restore()
 
     def restore(self) -> None:
-        """Put the previous handlers back (done on exit of the ``with`` block)."""
+        """Put the previous handlers back (done on exit of the ``with`` block), but for those the process's Ctrl-C
+        owner took once the run finished (:meth:`~ddp_utils.run.interrupt.CtrlC.finishing`)."""
         if self._owner is not None:
             self._owner.unlisten(self._ctrl_c)  # a press from now on stops the process at once
             self._owner = None
+        owner = ctrl_c_owner()
         for sig, previous in self._previous.items():
+            if owner is not None and owner.taken(sig):  # the run finished: the owner holds it to the process's end
+                continue
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
         if self._wakeup is not None:

@@ -101,13 +101,29 @@ def make_run_dir(project: str | Path, name: str, exist_ok: bool, info: DistInfo)
     return Path(broadcast_object(str(new_dir) if new_dir is not None else None))
 
 
-def record_run(run: Run, info: DistInfo) -> None:
-    """Rank 0 writes the run's ``hyp.yaml`` and ``opt.yaml`` and logs the hyperparameters."""
+def record_run(run: Run, info: DistInfo) -> str | None:
+    """Rank 0 writes the run's ``hyp.yaml`` and ``opt.yaml`` and logs the hyperparameters; every rank calls it.
+
+    These are no optional files: an elastic restart finds its run by the launch key ``opt.yaml`` records.
+
+    Returns:
+        None; or, the same on every rank, why rank 0 could not write them (a full disk): nothing was trained, and the
+        run ends there (train.py: that line, exit code 74).
+    """
+    failed = None
     if info.is_main:
-        yaml_save(run.save_dir / "hyp.yaml", run.hyp)
-        yaml_save(run.save_dir / "opt.yaml", run.options())
-        pairs = ", ".join(f"{k}={v}" for k, v in run.hyp.items())
-        LOGGER.info(textwrap.fill(pairs, width=110, initial_indent="hyperparameters: ", subsequent_indent="  "))
+        path = run.save_dir / "hyp.yaml"
+        try:
+            yaml_save(path, run.hyp)
+            path = run.save_dir / "opt.yaml"
+            yaml_save(path, run.options())
+        except OSError as exc:
+            failed = (f"could not write {path}: {exc.strerror or exc}; nothing was trained, and nothing is on disk "
+                      "to resume from: free the disk, then start the run again")  # fmt: skip
+        else:
+            pairs = ", ".join(f"{k}={v}" for k, v in run.hyp.items())
+            LOGGER.info(textwrap.fill(pairs, width=110, initial_indent="hyperparameters: ", subsequent_indent="  "))
+    return broadcast_object(failed)
 
 
 __all__ = ["Run", "make_run_dir", "record_run", "start_run"]

@@ -36,13 +36,14 @@ def settings_for(tmp_path: Path, generations: int, storage: str | None = None, n
     return EvolveSettings.from_options(parse_opt(argv + (["--evolve-storage", storage] if storage else [])))
 
 
-def trained(plan, map50_95: float) -> None:
+def trained(plan, map50_95: float, epochs: int = 1) -> None:
     """The trial's run as train.py leaves it: a results.csv whose last row is its validation."""
     run_dir = Path(plan.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     values = [0.5, 0.5, map50_95, map50_95, 0.05, 0.04, 0.03]  # fitness: map50_95
     header = ",".join(["epoch", *METRIC_COLUMNS])
-    (run_dir / "results.csv").write_text(f"{header}\n0,{','.join(map(str, values))}\n")
+    rows = "".join(f"{epoch},{','.join(map(str, values))}\n" for epoch in range(epochs))
+    (run_dir / "results.csv").write_text(f"{header}\n{rows}")
 
 
 def finish(evolution: Evolution, claimed, map50_95: float) -> None:
@@ -109,3 +110,24 @@ def test_the_last_line_says_how_to_use_the_results_only_once_the_study_is_done(t
     line = a.summary()
     assert line.startswith("evolve: 3/3 trials finished (0 pruned, 0 failed); best: trial 1, fitness 0.5"), line
     assert line.endswith(f"{TRAIN_WITH} {settings.evolve_dir / 'hyp_evolve.yaml'}"), line
+
+
+def test_when_every_trial_was_pruned_the_best_is_named_pruned_at_its_epoch_and_never_to_train_with(tmp_path, caplog):
+    """The summary said ``best: trial 1, fitness ...; train with them`` of settings judged at an early epoch."""
+    settings = settings_for(tmp_path, 2)
+    evolution = Evolution.open(settings, "worker")
+    caplog.set_level(logging.INFO, logger="ddp_utils")
+    for map50_95 in (0.2, 0.4):  # both cut by the pruner after their second epoch (of the study's three)
+        trial, plan = evolution.claim(False)
+        trained(plan, map50_95, epochs=2)
+        stopper = TrialStopper(patience=100, epochs=3, trial=None, prune=False)
+        stopper.pruned_at = 2
+        evolution.finish(trial, plan, stopper)
+    (line,) = lines(caplog, "evolve: trial 1 pruned after epoch 2")
+    assert line.endswith("best: trial 1 (pruned after epoch 2), 0.4"), line
+    line = evolution.summary()
+    assert line.startswith("evolve: 2/2 trials finished (2 pruned, 0 failed); best: trial 1 (pruned after epoch 2), "
+                           "fitness 0.4, and no trial trained to its last epoch"), line  # fmt: skip
+    assert TRAIN_WITH not in line and "train with them" not in line, line
+    head = (settings.evolve_dir / "hyp_evolve.yaml").read_text().splitlines()[1]
+    assert head.endswith("pruned after epoch 2: no trial trained to its last epoch"), head

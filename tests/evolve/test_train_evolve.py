@@ -3,7 +3,8 @@
 What YOLOv5's --evolve writes, from a study store: two workers against one SQLite file and against a real
 PostgreSQL server take every trial once; a trial trains on two processes under torchrun; a worker stopped by
 SIGTERM mid-trial is continued by the next start, to the same bits; a hopeless trial is pruned; a diverging one
-fails with its reason while the study goes on; bad input is one line, exit 2, nothing written; Optuna's
+fails with its reason while the study goes on; a trial whose save fails ends the study with exit 74, and the next
+start continues it; bad input is one line, exit 2, nothing written; Optuna's
 dashboard shows the study's trials in a real headless Chromium.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -30,7 +32,7 @@ from ddp_utils.evolve.settings import EvolveSettings
 from ddp_utils.evolve.study import Evolution
 from ddp_utils.hyp import load_hyp
 from tests.evolve.test_store import postgres_url
-from tests.multiproc import collect, describe, free_port, run_watching
+from tests.multiproc import REPO_ROOT, collect, describe, free_port, run_watching
 from tests.test_train import run, start, torchrun, train_env
 from tests.test_train_resume import assert_bit_identical, progress_env, snapshot
 
@@ -215,6 +217,38 @@ def test_a_diverging_trial_fails_with_its_reason_and_the_study_goes_on(data, tmp
     study = optuna.load_study(study_name="exp", storage=f"sqlite:///{tmp_path / 'exp' / 'study.db'}")
     reasons = [t.user_attrs["fail_reason"] for t in study.trials]
     assert all(r.startswith("diverged: training diverged") for r in reasons), reasons
+
+
+def test_a_study_whose_saves_fail_ends_74_naming_the_trial_and_the_next_start_continues_it(data, tmp_path):
+    """The issue's 1 MB tmpfs as --project: every trial's save failed, each printed a traceback, and the study said
+    "2/2 trials finished (0 pruned, 2 failed)" with exit 0. Here every checkpoint write fails by a file-size limit
+    that the study store and the small files stay under (no root, no mount), as the plain run's test does."""
+
+    def small_disk() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 * 2**20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    cmd = [sys.executable, *evolve_args(data, tmp_path, "--evolve", "2", "--epochs", "1", "--evolve-prune", "off")]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, preexec_fn=small_disk)  # fmt: skip
+    (result,) = collect([proc], time.monotonic(), 280, "a study on a full disk")
+    output = describe([result])
+    assert result.returncode == 74, output
+    assert "Traceback" not in result.stderr and "trials finished (" not in result.stderr, output  # no summary after
+    last = tmp_path / "exp" / "trials" / "0" / "weights" / "last.pt"
+    said = result.stderr.strip().splitlines()[-1]  # after the prefix train.py gives exit 74's line
+    assert said.endswith(
+        f"evolve: trial 0: training ended after epoch 1 but could not save {last} (the warning above says why), "
+        "and none is on disk: nothing to resume from; the study stops here, trial 0 back in its queue: free the "
+        "disk, then start the same command again"
+    ), output
+    study = optuna.load_study(study_name="exp", storage=f"sqlite:///{tmp_path / 'exp' / 'study.db'}")
+    waiting = optuna.trial.TrialState.WAITING  # trial 0 back in the queue (trial 1 queued beside it), none failed
+    assert study.trials[0].number == 0 and {t.state for t in study.trials} == {waiting}, study.trials
+
+    again = run(cmd, train_env(), 280)  # the disk freed: the same command takes trial 0 up again, and trial 1
+    assert again.returncode == 0, describe([again])
+    assert finished_lines(again.stderr) == [(0, "complete"), (1, "complete")], again.stderr
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from ddp_utils.evolve.settings import EvolveSettings
 from ddp_utils.evolve.study import run_trial
 from ddp_utils.evolve.trial import TrialPlan, TrialStopper
 from ddp_utils.run.options import raising_user_errors, user_errors
+from ddp_utils.run.saves import SaveFailed
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -110,8 +111,8 @@ class RecordingEvolution:
     def fail(self, trial: object, reason: str) -> None:
         self.calls.append(("fail", reason))
 
-    def pause(self, trial: object) -> None:
-        self.calls.append(("pause",))
+    def pause(self, trial: object, saved: bool = True) -> None:
+        self.calls.append(("pause",) if saved else ("pause", "not saved"))
 
 
 def diverges() -> None:
@@ -149,3 +150,37 @@ def test_under_train_run_a_mistake_in_the_inputs_fails_the_trial_and_ends_the_ev
     with pytest.raises(FileNotFoundError, match="/nowhere/model.yaml"):
         run_trial(evolution, object(), missing_cfg, DistInfo())
     assert evolution.calls == [("fail", "FileNotFoundError: /nowhere/model.yaml: no such file")]
+
+
+def test_a_trial_whose_save_failed_goes_back_to_the_queue_and_ends_the_study_naming_it():
+    """A full disk: run_trial's ``except Exception`` recorded the trial failed, printed its traceback, and the study
+    went on to fail every trial the same way, then exited 0."""
+
+    def full_disk() -> None:
+        raise SaveFailed(
+            "training ended after epoch 2 but could not save trials/3/weights/last.pt (the warning above says why); "
+            "the trials/3/weights/last.pt on disk is from epoch 2, batch 3/8, not from here"
+        )
+
+    evolution = RecordingEvolution()
+    with pytest.raises(SaveFailed) as raised:
+        run_trial(evolution, object(), full_disk, DistInfo(), number=3)
+    assert evolution.calls == [("pause", "not saved")]  # no "stopped and saved" line: the last line says it all
+    assert str(raised.value) == (
+        "evolve: trial 3: training ended after epoch 2 but could not save trials/3/weights/last.pt (the warning above "
+        "says why); the trials/3/weights/last.pt on disk is from epoch 2, batch 3/8, not from here; the study stops "
+        "here, trial 3 back in its queue: free the disk, then start the same command again"
+    )
+
+
+def test_python_s_own_ctrl_c_in_train_run_puts_the_trial_back_in_the_queue():
+    """train.py owns Ctrl-C (a second press exits at once and never raises), but a host program calling
+    train.run(evolve=N) keeps Python's: KeyboardInterrupt reaches run_trial, which queues the trial again."""
+
+    def pressed() -> None:
+        raise KeyboardInterrupt
+
+    evolution = RecordingEvolution()
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(evolution, object(), pressed, DistInfo())
+    assert evolution.calls == [("pause",)]

@@ -1,6 +1,7 @@
 """Ctrl-C owned by the process to its end (ddp_utils/run/interrupt.py): the first press goes to the run, a second
 (or one while no run listens) stops the process at once in one line with exit code 130, in a real process that
-real SIGINTs reach. Each press is sent once the process said it took the one before: nothing depends on timing."""
+real SIGINTs reach; once the run finished (the exit window), every stop signal exits at once with 0. Each signal is
+sent once the process said it took the one before: nothing depends on timing."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ddp_utils.run.interrupt import CtrlC
 from ..multiproc import REPO_ROOT, launcher_env
 
 OWNER = """
-import atexit, os, sys, time
+import atexit, os, signal, sys, time
 from ddp_utils.run.interrupt import own_ctrl_c
 def say(line):
     print(line, file=sys.stderr, flush=True)
@@ -134,6 +135,93 @@ def test_a_press_during_the_exit_handlers_stops_at_once_and_one_after_the_last_c
     """)
     script.wait_for("the interpreter's last moments")
     script.press()  # everything is written: the process ends as it would have, no traceback, no death by SIGINT
+    assert script.end() == 0, script.lines
+    assert script.lines == ["the interpreter's last moments"]
+
+
+def test_a_finished_runs_stop_signals_are_the_owners_held_until_the_window_opens(monkeypatch):
+    # the run's handler leaves them to the owner when it ends (it put SIG_DFL back: SIGTERM at "done" killed the
+    # process); what comes while the ranks still wait for each other is held, then ends the process with 0
+    owner, left = CtrlC("prog"), []  # not installed: deliveries made by hand
+    monkeypatch.setattr("ddp_utils.run.signals.ctrl_c_owner", lambda: owner)
+    monkeypatch.setattr(owner, "_leave", lambda line, code: left.append((line, code)))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with PreemptionHandler(signals=(signal.SIGTERM, signal.SIGINT), requeue_signals=(signal.SIGUSR1,)) as run:
+            owner.finishing("last.pt (the end of epoch 3)", run.signals)
+        assert all(signal.getsignal(sig) == owner._handle for sig in before), "the run put its handlers back"
+        owner._delivered(signal.SIGUSR1)
+        owner._delivered(signal.SIGTERM)
+        assert owner.held == signal.SIGUSR1 and left == []  # held: the first that came
+        owner.finished()
+        line = "prog: SIGUSR1 after training finished: exited at once, with 0 (the run is finished); on disk: last.pt"
+        assert left == [(f"{line} (the end of epoch 3)", 0)]
+        owner._press()  # in the window, a press is no second press: it ends the process with 0 as well
+        assert left[1] == (left[0][0].replace("SIGUSR1", "Ctrl-C (SIGINT)"), 0)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_a_second_press_while_finishing_acts_at_once_and_a_run_not_finished_keeps_130(monkeypatch):
+    owner, left = CtrlC("prog"), []
+    monkeypatch.setattr(owner, "_leave", lambda line, code: left.append(code))
+    owner.finishing("", ())
+    owner._press()
+    assert left == [] and owner.held == signal.SIGINT
+    owner._press()
+    assert left == [0]
+    stopped = CtrlC("prog")  # no window: a press with no run listening stops at once, 130
+    monkeypatch.setattr(stopped, "_leave", lambda line, code: left.append(code))
+    stopped._press()
+    assert left == [0, 130]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_signal_held_while_finishing_ends_the_process_with_0_once_the_window_opens():
+    script = Script("""
+        owner = own_ctrl_c("prog")
+        owner.finishing("last.pt (the end of epoch 3)", [signal.SIGTERM, signal.SIGINT])
+        say("finishing")
+        while owner.held is None:
+            time.sleep(0.01)
+        say(f"held {signal.Signals(owner.held).name}")
+        owner.finished()
+        say("not reached")
+    """)
+    script.wait_for("finishing")
+    os.killpg(script.proc.pid, signal.SIGTERM)
+    assert script.end() == 0, script.lines
+    assert script.lines == [
+        "finishing",
+        "held SIGTERM",
+        "prog: SIGTERM after training finished: exited at once, with 0 (the run is finished); on disk: last.pt (the "
+        "end of epoch 3)",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_signal_in_a_finished_runs_exit_handlers_exits_0_and_one_after_the_last_changes_nothing():
+    script = Script("""
+        owner = own_ctrl_c("prog")
+        owner.finishing("last.pt (the end of epoch 3)", [signal.SIGTERM])
+        owner.finished()
+        atexit.register(lambda: (say("exit handler"), time.sleep(60)))  # runs before the owner's
+    """)
+    script.wait_for("exit handler")
+    os.killpg(script.proc.pid, signal.SIGTERM)
+    assert script.end() == 0, script.lines
+    assert script.lines[-1].startswith("prog: SIGTERM after training finished: exited at once, with 0"), script.lines
+    script = Script("""
+        atexit.register(lambda: (say("the interpreter's last moments"), time.sleep(3)))  # runs after the owner's
+        owner = own_ctrl_c("prog")
+        owner.finishing("last.pt (the end of epoch 3)", [signal.SIGTERM])
+        owner.finished()
+    """)
+    script.wait_for("the interpreter's last moments")
+    os.killpg(script.proc.pid, signal.SIGTERM)  # everything is written: it ends as it would have, 0, no death by it
     assert script.end() == 0, script.lines
     assert script.lines == ["the interpreter's last moments"]
 
