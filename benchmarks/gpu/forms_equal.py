@@ -5,10 +5,10 @@ A run renders uncompiled until its compiled kernels are ready, then compiled (``
 where the switch falls is a matter of time, so it must change nothing. On the CPU the tests hold the two equal bit
 for bit (``tests/data/device/test_compiled.py``); on a card the compiled kernels are Triton's, and this counts it.
 
-The batches: ``create_dataloader(..., augment_on="device")`` over the training images, ``hyp.scratch-high.yaml``'s
-augmentation (mosaics, mixups at 0.1, HSV, flips) with rotation, shear and perspective added, so every kernel and
-every branch of them runs; each batch rendered by both forms as float32 ``channels_last`` (what the step takes).
-Printed: batches, values compared, values that differ, the largest difference, and each form's time per batch.
+The batches: ``create_dataloader(..., augment_on="device")`` over the training images, ``hyp.scratch-low.yaml``'s
+augmentation (mosaics, HSV, flips) with mixups (0.1), rotation, shear, perspective and up-down flips added, so every
+kernel and every branch of them runs; each batch rendered by both forms as float32 ``channels_last`` (what the step
+takes). Printed: batches, values compared, values that differ, the largest difference, and each form's time per batch.
 The last line is ``FORMS {json}``.
 
 Run:  python benchmarks/gpu/forms_equal.py --images DIR --device 0                    (50 batches of 16 at 640 px)
@@ -37,7 +37,7 @@ def compare(opt: argparse.Namespace) -> dict:
     from ddp_utils.data.device.render import Renderer
 
     device = torch.device("cpu") if opt.device == "cpu" else torch.device("cuda", int(opt.device))
-    hyp = dict(load_hyp("hyp.scratch-high.yaml"), degrees=10.0, shear=3.0, perspective=0.0005, flipud=0.3)
+    hyp = dict(load_hyp("hyp.scratch-low.yaml"), mixup=0.1, degrees=10.0, shear=3.0, perspective=0.0005, flipud=0.3)
     compiled, uncompiled = Renderer(device), Renderer(device, compiled=False)
     kernels = kernels_for(channels_last=True, mixup=True)
     start = time.perf_counter()

@@ -193,13 +193,22 @@ class LoadedKernel:
         except (OSError, KeyError, ValueError) as exc:
             raise KernelFailed(f"{entry} does not load ({exc})") from exc
         self.outputs = int(meta["outputs"])
+        self.inputs = meta.get("inputs")
+        if not self.inputs:
+            raise KernelFailed(f"{entry} does not say what it takes (an older compile's entry)")
         self._handle = ctypes.c_void_p()
         where = f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
         create = self._lib.AOTInductorModelContainerCreateWithDevice
         self._check(create(ctypes.byref(self._handle), ctypes.c_size_t(1), where.encode(), str(entry).encode()))
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """The kernel's output for ``inputs`` (queued on the current stream on CUDA)."""
+        """The kernel's output for ``inputs`` (queued on the current stream on CUDA).
+
+        Raises:
+            KernelFailed: inputs the library was not compiled for (it checks nothing itself: a size out of its range
+                would read out of bounds), or a failure of the library's call.
+        """
+        self.check(inputs)
         handles = [_capsule_pointer(c) for c in torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(list(inputs))]
         given = (ctypes.c_void_p * len(handles))(*handles)  # the library takes these handles over
         made = (ctypes.c_void_p * self.outputs)()
@@ -209,6 +218,28 @@ class LoadedKernel:
                         ctypes.c_void_p(stream), None))  # fmt: skip
         capsules = [_capsule(pointer) for pointer in made]
         return torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs(capsules)[0]
+
+    def check(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Raise KernelFailed unless ``inputs`` are what the library was compiled for: their number, dtypes, devices
+        and sizes (each symbol's sizes equal, 2 at least), each contiguous."""
+        if len(inputs) != len(self.inputs):
+            raise KernelFailed(f"the compiled kernel takes {len(self.inputs)} inputs, not {len(inputs)}")
+        symbols: dict[str, int] = {}
+        for k, (tensor, spec) in enumerate(zip(inputs, self.inputs)):
+            shape, want = tuple(tensor.shape), spec["shape"]
+            fits = (
+                str(tensor.dtype).removeprefix("torch.") == spec["dtype"]
+                and tensor.device.type == self.device.type
+                and len(shape) == len(want)
+                and tensor.is_contiguous()
+                and all(
+                    size == symbols.setdefault(w, size) and size >= 2 if isinstance(w, str) else size == w
+                    for size, w in zip(shape, want)
+                )  # fmt: skip
+            )
+            if not fits:
+                raise KernelFailed(f"input {k} ({tensor.dtype} {list(shape)}) is not what the kernel was compiled "
+                                   f"for ({spec['dtype']} {want})")  # fmt: skip
 
     def _check(self, code: int) -> None:
         if code != 0:

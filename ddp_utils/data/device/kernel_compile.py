@@ -143,9 +143,20 @@ def compile_kernel(name: str, inputs: tuple, work: Path) -> tuple[list[Path], di
     libraries = sorted((f for f in files if f.suffix == ".so"), key=lambda f: "wrapper" not in f.name)
     if not libraries:
         raise RuntimeError(f"AOTInductor's package {package} holds no library")
-    meta = dict(kernel=name, library=libraries[0].name, outputs=1, torch=torch.__version__,
+    meta = dict(kernel=name, library=libraries[0].name, outputs=1, inputs=input_specs(program), torch=torch.__version__,
                 compile_s=round(time.monotonic() - start, 1), created=time.time())  # fmt: skip
     return files, meta
+
+
+def input_specs(program: torch.export.ExportedProgram) -> list[dict]:
+    """What the library takes, input by input: its dtype and its sizes, a number or the symbol's name (sizes of one
+    symbol are equal): ``kernel_cache.LoadedKernel`` checks a call against it, since the library checks nothing."""
+    specs = []
+    for node in (node for node in program.graph.nodes if node.op == "placeholder"):
+        value = node.meta["val"]
+        shape = [str(size) if isinstance(size, torch.SymInt) else int(size) for size in value.shape]
+        specs.append(dict(dtype=str(value.dtype).removeprefix("torch."), shape=shape))
+    return specs
 
 
 def _check_symbols(program: torch.export.ExportedProgram, dynamic: tuple) -> None:

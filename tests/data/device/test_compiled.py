@@ -60,9 +60,9 @@ def batches_of_every_kind(root: Path) -> list:
     for hyp in (*AUGMENT_HYPS.values(), dict(HYP, hsv_h=0.3)):
         dataset = YoloDataset(labels, 96, 4, augment=True, hyp=hyp, seed=7)
         batches.append(planned(dataset, [SampleKey(1, slot, (5 * slot) % len(dataset)) for slot in range(5)]))
-    rect = YoloDataset(labels, 96, 4, augment=True, hyp=HYP, rect=True, seed=1)
+    rect = YoloDataset(labels, 96, 2, augment=True, hyp=HYP, rect=True, seed=1)  # 2 a batch: some not square
     wide = next(b for b, (h, w) in enumerate(rect.batch_shapes) if h != w)
-    batches.append(planned(rect, [SampleKey(0, 0, i) for i in np.flatnonzero(rect.batch_index == wide)[:3]]))
+    batches.append(planned(rect, [SampleKey(0, 0, int(i)) for i in np.flatnonzero(rect.batch_index == wide)]))
     batches.append(planned(YoloDataset(labels, 64, 4, augment=True, hyp=HYP, seed=2), [SampleKey(0, 0, 3)]))
     return batches
 
@@ -117,9 +117,18 @@ class SwitchingAt:
 def test_a_kernel_that_fails_while_running_is_one_line_and_the_same_images(compiled, caplog, monkeypatch):
     batch = warm_up_batch(48, 64)
     kernel = compiled.kernels.ready("render_cl")
-    with pytest.raises(KernelFailed, match="failed"):  # the library's own error path: a table of one row (two at least)
-        kernel(batch.data[:0], *[torch.zeros(1, n) for n in (64, 38)], torch.zeros(2, 256, dtype=torch.int32),
-               torch.zeros(256), torch.zeros(2, 48), torch.zeros(2, 64))  # fmt: skip
+    tables = (torch.zeros(2, 256, dtype=torch.int32), torch.zeros(256), torch.zeros(2, 48), torch.zeros(2, 64))
+    rows = torch.zeros(3, 64, dtype=torch.int64), torch.zeros(3, 38)
+    for wrong in (
+        (batch.data[:0], *rows, *tables),  # no pixels at all
+        (batch.data, torch.zeros(1, 64, dtype=torch.int64), torch.zeros(1, 38), *tables),  # a table of one row
+        (batch.data, rows[0], torch.zeros(2, 38), *tables),  # tables of 3 and 2 rows
+        (batch.data, rows[0].int(), rows[1], *tables),  # int32 where the kernel takes int64
+        (batch.data, rows[0], rows[1].t().contiguous().t(), *tables),  # another memory layout
+        (batch.data, *rows, *tables[:3]),  # an input short
+    ):
+        with pytest.raises(KernelFailed, match="compiled"):  # refused before the library reads out of bounds
+            kernel(*wrong)
     renderer = Renderer(CPU)
     renderer.kernels = CompiledKernels(CPU)
     renderer.kernels.start(["render_cl"])
@@ -275,3 +284,56 @@ def test_the_compiled_kernel_leaves_the_interpreter_to_other_threads(compiled):
     during, took = counted(lambda: [kernel(*inputs) for _ in range(3)])
     idle, _ = counted(lambda: time.sleep(took))
     assert during > 0.25 * idle, (during, idle)  # held, the counter gets a few % of its idle count
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> list[str]:
+    """train.py's options for a 1-epoch run of 16 images at 64 px on the device path (the CPU, the renderer's)."""
+    root = tmp_path_factory.mktemp("run")
+    make_shapes_dataset(root / "shapes", 16, 4, size=(48, 96), max_objects=3)
+    data = root / "shapes.yaml"
+    data.write_text(f"path: {root / 'shapes'}\ntrain: images/train\nval: images/val\n"
+                    "names: {0: circle, 1: square, 2: triangle, 3: star}\n")  # fmt: skip
+    return ["train.py", "--data", str(data), "--cfg", "yolov5n.yaml", "--imgsz", "64", "--batch-size", "4",
+            "--epochs", "1", "--device", "cpu", "--workers", "1", "--augment-on", "device", "--noplots"]  # fmt: skip
+
+
+def _train(args: list[str], cache: str, project: Path, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DDP_UTILS_KERNEL_CACHE": cache, "DDP_UTILS_PROGRESS": "off"}
+    return subprocess.run([sys.executable, *args, "--project", str(project), "--name", "run"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_that_ends_while_its_compile_goes_on_ends_as_the_workers_path_does(tiny_run, tmp_path):
+    # a cold cache: the compile (a minute or more) outlasts the run (seconds); the run renders uncompiled, exits 0,
+    # prints no thread's traceback, and takes its compile along
+    cache = tmp_path / "kernels"
+    done = _train(tiny_run, str(cache), tmp_path / "runs")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr + done.stdout and "InductorError" not in done.stderr, done.stderr[-3000:]
+    assert "train: images made on the device cpu (--augment-on device)" in done.stderr
+    assert "compiled kernels ready" not in done.stderr and not list(cache.glob("render_cl-*"))  # still compiling
+    assert list(cache.glob(".render_cl-*.lock"))  # it had begun
+    assert compiles_into(cache) == []  # and went with the run
+    assert (tmp_path / "runs" / "run" / "weights" / "last.pt").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(COMPILE_S + 900)
+def test_a_run_is_the_same_bit_for_bit_rendered_uncompiled_or_compiled(tiny_run, compiled, tmp_path):
+    # the machine's cache holds the kernels (the fixture made them): one run renders compiled from its first batch,
+    # the other never; their weights are equal to the bit
+    from ddp_utils.run import load_checkpoint
+
+    weights = {}
+    for cache in ("off", str(compiled.kernels._root)):
+        done = _train(tiny_run, cache, tmp_path / ("uncompiled" if cache == "off" else "compiled"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = "the kernels run uncompiled" if cache == "off" else "compiled kernels ready"
+        assert said in done.stderr, done.stderr[-3000:]
+        run = tmp_path / ("uncompiled" if cache == "off" else "compiled") / "run"
+        weights[cache] = load_checkpoint(run / "weights" / "last.pt")["train_model"]
+    off, on = weights.values()
+    assert off.keys() == on.keys() and all(torch.equal(off[k], on[k]) for k in off)
