@@ -15,7 +15,9 @@ bit for bit (``kernels.py``). The CPU kernels are compiled scalar: vectorisation
 gathers (the same time for a 640 px batch of 64) and costs most of the compile.
 
 It ends itself, and the compiler processes it started, when the process that started it ends (its stdin closes),
-and it takes one core's worth of the CPU at most (a compiler process at a time).
+and it runs at the lowest priority (``nice 19``, its compiler processes too): on a busy CPU the run's own threads
+come first (on 2 cores a compile at the run's priority made the run's first batch 8x slower), and the compile takes
+what they leave.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ INDUCTOR_CONFIGS = {
     "realize_acc_reads_threshold": 1000,
     "realize_cpu_acc_reads_threshold": 1000,
 }
+
+
+_NICE = 19  # the lowest priority: the compile takes what the run leaves of the CPU
 
 
 class ResizeKernel(torch.nn.Module):
@@ -110,13 +115,12 @@ def inductor_configs() -> dict:
     """:data:`INDUCTOR_CONFIGS` less the settings this torch does not have."""
     import torch._inductor.config as config
 
-    known = {}
+    known, missing = {}, object()
     for key, value in INDUCTOR_CONFIGS.items():
-        owner, *path = key.split(".")
-        node = getattr(config, owner, None)
-        for part in path:
-            node = getattr(node, part, None) if node is not None else None
-        if node is not None:
+        node = config
+        for part in key.split("."):
+            node = getattr(node, part, missing) if node is not missing else missing
+        if node is not missing:  # a setting whose default is None is a setting too
             known[key] = value
     return known
 
@@ -199,6 +203,8 @@ def compile_all(names: list[str], device: torch.device, root: Path, status: Path
                 for stale in root.glob(f".compile-{entry.name}-*"):  # a compile killed with its run: nobody else's now
                     shutil.rmtree(stale, ignore_errors=True)
                 if not entry.is_dir():  # another process may have installed it while this one waited
+                    if examples is None:
+                        _a_cpp_compiler()
                     examples = examples or example_inputs(device)
                     with tempfile.TemporaryDirectory(prefix=f".compile-{entry.name}-", dir=root) as work:
                         files, meta = compile_kernel(name, examples[name], Path(work))
@@ -216,12 +222,26 @@ def compile_all(names: list[str], device: torch.device, root: Path, status: Path
     return failed
 
 
+def _a_cpp_compiler() -> str:
+    # the C++ compiler Inductor would take (a library's wrapper is C++ on CUDA too), asked first: without one, the
+    # run learns it in a second, not after a minute of tracing (InvalidCxxCompiler)
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    return get_cpp_compiler()
+
+
 def _one_line(error: BaseException) -> str:
-    # the most telling line of a compiler's long message: the last "SomethingError: ..." line, else the first
+    # the most telling line of a compiler's long message: the last "SomethingError: ..." line, else the first, and
+    # the compiler's own first word where the message quotes its output (a C++ compile error)
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     named = [line for line in lines if line.split(":")[0].endswith(("Error", "Exception"))]
     text = (named[-1] if named else lines[0] if lines else "") or type(error).__name__
-    return (text if text.split(":")[0].endswith(("Error", "Exception")) else f"{type(error).__name__}: {text}")[:300]
+    if not text.split(":")[0].endswith(("Error", "Exception")):
+        text = f"{type(error).__name__}: {text}"
+    if "Output:" in lines:
+        said = lines[lines.index("Output:") + 1 :][:1]
+        text += f" ({said[0]})" if said else ""
+    return text[:300]
 
 
 def _scalar_cpu_kernels() -> None:
@@ -256,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     opt = parser.parse_args(argv)
     if opt.end_with_stdin:
         _end_with_the_parent()
+    with contextlib.suppress(OSError):
+        os.nice(_NICE)
     device = torch.device(opt.device)
     _scalar_cpu_kernels()
     if device.type == "cuda":

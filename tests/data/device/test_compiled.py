@@ -150,11 +150,26 @@ def test_a_kernel_that_fails_while_running_is_one_line_and_the_same_images(compi
     assert renderer.kernels.ready("render_cl") is None  # and it is not tried again
 
 
+FAILING_CXX = """#!/bin/sh
+# a C++ compiler that answers to --version and fails every compile: the kernels' own compile fails
+case "$1" in --version) exec g++ --version ;; esac
+echo "cc1plus: out of memory allocating 1048576 bytes" >&2
+exit 1
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_compiler_that_fails_on_the_real_kernels_is_one_line_and_the_same_images(tmp_path, caplog, monkeypatch):
-    # no C++ compiler (CXX=/bin/false): the kernels' own compile fails, not a probe's; the run renders uncompiled
-    monkeypatch.setenv("CXX", "/bin/false")
+@pytest.mark.parametrize("compiler", ["failing", "none"])
+def test_a_compiler_that_fails_on_the_real_kernels_is_one_line_and_the_same_images(
+    tmp_path, caplog, monkeypatch, compiler
+):
+    # a compiler that fails on the kernels themselves (their export and Inductor's code done: the C++ compile
+    # fails), or none at all (CXX=/bin/false: said before any tracing); the run renders uncompiled, the same images
+    cxx = tmp_path / "failing-g++"
+    cxx.write_text(FAILING_CXX)
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx) if compiler == "failing" else "/bin/false")
     renderer = Renderer(CPU)
     renderer.kernels = CompiledKernels(CPU, tmp_path / "kernels")
     with caplog.at_level(logging.WARNING, logger="ddp_utils"):
@@ -169,6 +184,8 @@ def test_a_compiler_that_fails_on_the_real_kernels_is_one_line_and_the_same_imag
     )
     assert "log: " in said[0] and said[0].endswith("the uncompiled form renders the same images from here")
     assert "\n" not in said[0] and "Traceback" not in said[0]
+    why = "InvalidCxxCompiler: No working C++ compiler" if compiler == "none" else "out of memory allocating"
+    assert why in said[0], said[0]
     log = Path(said[0].split("log: ")[1].split(")")[0])
     assert "Traceback" in log.read_text()  # the whole story is in the log, for whoever wants it
     assert set(renderer.kernels.state().values()) == {renderer.kernels.state()["render_cl"]}
