@@ -63,6 +63,8 @@ class CompiledKernels:
         self._failed: dict[str, str] = {}
         self._asked: dict[str, float] = {}  # kernel -> when it was asked for
         self._compiling: list[_Compile] = []
+        self._pending: list[str] = []  # to compile, once the run's first batch is rendered
+        self._used: set[str] = set()  # the kernels the renderer asked for
         self._said_ready = False
         self._lock = threading.RLock()  # the loader thread asks, the main thread starts and closes
 
@@ -75,6 +77,10 @@ class CompiledKernels:
         with self._lock:
             if name not in self._asked:
                 self.start([name])
+            if name in self._used and self._pending:  # a batch was rendered: the compile may start
+                self._spawn(self._pending)
+                self._pending = []
+            self._used.add(name)
             self._poll()
             return self._loaded.get(name)
 
@@ -85,11 +91,13 @@ class CompiledKernels:
             self._fail([name], f"failed while running ({_one_line(error)})")
 
     # ---- what the run asks ----
-    def start(self, names: Iterable[str]) -> None:
-        """Make kernels ``names`` ready: those in the cache loaded now, the others compiled in the background."""
+    def start(self, names: Iterable[str], at_once: bool = False) -> None:
+        """Make kernels ``names`` ready: those in the cache loaded now, the others compiled in the background, from
+        the run's second batch (the compile's start, a second Python importing torch, would slow the first by seconds
+        on a small host), or ``at_once``."""
         with self._lock:
             names = [name for name in dict.fromkeys(names) if name not in self._asked]
-            if not names or self._cache() is None:
+            if self._cache() is None:
                 for name in names:
                     self._failed.setdefault(name, "no compile")
                 return
@@ -97,15 +105,16 @@ class CompiledKernels:
                 if name not in KERNEL_NAMES:
                     raise ValueError(f"no kernel named {name!r}: one of {', '.join(KERNEL_NAMES)}")
                 self._asked[name] = time.monotonic()
-            missing = [name for name in names if not self._load(name)]
-            if missing:
-                self._spawn(missing)
+            self._pending += [name for name in names if not self._load(name)]
+            if at_once and self._pending:
+                self._spawn(self._pending)
+                self._pending = []
 
     def wait(self, names: Iterable[str], timeout: float) -> bool:
         """Wait up to ``timeout`` s until kernels ``names`` are each loaded or failed (benchmarks and tests: a run
         never waits); True if all are loaded."""
         names = list(names)
-        self.start(names)
+        self.start(names, at_once=True)
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:

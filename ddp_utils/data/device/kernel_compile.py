@@ -254,6 +254,16 @@ def _scalar_cpu_kernels() -> None:
     cpu_vec_isa.valid_vec_isa_list.cache_clear()
 
 
+def _lowest_priority() -> None:
+    # nice 19 for this process and the compilers it starts; and, where the kernel groups processes by session for
+    # the scheduler (autogroup, Linux's default), for this process's session too: its own, so that the compile could
+    # be killed with its compilers, where a nice value alone would weigh nothing against the run's session
+    with contextlib.suppress(OSError):
+        os.nice(_NICE)
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as autogroup:
+        autogroup.write(str(_NICE))
+
+
 def _end_with_the_parent() -> None:
     # the starter holds our stdin open while it lives: at its end (exit, crash, SIGKILL) this process and the
     # compiler processes it started (its session) end too
@@ -276,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = parser.parse_args(argv)
     if opt.end_with_stdin:
         _end_with_the_parent()
-    with contextlib.suppress(OSError):
-        os.nice(_NICE)
+    _lowest_priority()
     device = torch.device(opt.device)
     _scalar_cpu_kernels()
     if device.type == "cuda":

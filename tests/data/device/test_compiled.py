@@ -225,7 +225,7 @@ import sys, time
 from pathlib import Path
 from ddp_utils.data.device.compiled import CompiledKernels
 kernels = CompiledKernels("cpu", Path(sys.argv[1]))
-kernels.start(["render_cl", "resize"])
+kernels.start(["render_cl", "resize"], at_once=True)
 while not list(Path(sys.argv[1]).glob(".render_cl-*.lock")):  # the compile holds its kernel's lock: under way
     time.sleep(0.05)
 print("compiling", flush=True)
