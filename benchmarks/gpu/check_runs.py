@@ -221,7 +221,7 @@ def first_step(ctx: Context, timeout: float) -> dict:
     command = [sys.executable, str(REPO / "benchmarks" / "speed" / "device_start.py"), "--parts", "runs", "--modes",
                *modes, "--data", str(subset), "--cfg", opt.cfg, "--imgsz", str(opt.imgsz), "--batch", str(opt.batch),
                "--workers", str(opt.workers), "--device", opt.device, "--dir", str(ctx.work / "first_step"),
-               "--timeout", f"{max(timeout / 4, 10):.0f}"]  # fmt: skip
+               "--timeout", f"{max(timeout / 4, 10):.0f}", *([] if opt.cpu_smoke else ["--prime-mixup"])]  # fmt: skip
     cache = os.environ.get("DDP_UTILS_KERNEL_CACHE")
     if cache:
         command += ["--warm-cache", cache]
@@ -260,6 +260,7 @@ def forms(ctx: Context, timeout: float) -> dict:
     command = [sys.executable, str(HERE / "forms_equal.py"), "--images", str(ctx.train_images), "--device", opt.device]
     if opt.cpu_smoke:
         command += ["--imgsz", str(opt.imgsz), "--batch", str(opt.batch), "--batches", "4", "--workers", "0"]
+        command += ["--mixup", "0"]  # the kernels the first step compiled (the mixups' too on a card)
     command += ["--compile-timeout", f"{max(timeout - 30, 5):.0f}"]
     got = tagged_json(run_child(command, timeout, ctx.work / "forms.log"), "FORMS")
     if "error" in got:

@@ -37,9 +37,9 @@ def compare(opt: argparse.Namespace) -> dict:
     from ddp_utils.data.device.render import Renderer
 
     device = torch.device("cpu") if opt.device == "cpu" else torch.device("cuda", int(opt.device))
-    hyp = dict(load_hyp("hyp.scratch-low.yaml"), mixup=0.1, degrees=10.0, shear=3.0, perspective=0.0005, flipud=0.3)
+    hyp = dict(load_hyp("hyp.scratch-low.yaml"), mixup=opt.mixup, degrees=10.0, shear=3.0, perspective=5e-4, flipud=0.3)
     compiled, uncompiled = Renderer(device), Renderer(device, compiled=False)
-    kernels = kernels_for(channels_last=True, mixup=True)
+    kernels = kernels_for(channels_last=True, mixup=opt.mixup > 0)
     start = time.perf_counter()
     ready = compiled.kernels.wait(kernels, opt.compile_timeout)
     figures = dict(kernels=compiled.kernels.state(), compile_wait_s=time.perf_counter() - start)
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--batches", type=int, default=50, help="batches compared, at least")
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--mixup", type=float, default=0.1, help="the hyp's mixup (0: the mixups' kernel left out)")
     parser.add_argument("--device", default="0", help="cuda index, or cpu")
     parser.add_argument("--compile-timeout", type=float, default=600, help="seconds to wait for the compiled kernels")
     opt = parser.parse_args(argv)

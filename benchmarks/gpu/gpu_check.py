@@ -84,7 +84,7 @@ def _train_row(key: str, extra: list[str]) -> PartRun:
 # the priority order of issue 46; each budget bounds its part, and they add up to at most the call's time
 PARTS = [
     Part("data", "data: the synthetic images", 20, check_runs.data),
-    Part("first_step", "the first step: device path cold, warm, and the workers' (1 epoch, 256 images)", 95,
+    Part("first_step", "the first step: device path cold, warm, and the workers' (1 epoch, 256 images)", 110,
          check_runs.first_step),
     Part("ours", "ours: default (images made on the device, cuDNN heuristics)", 65, _train_row("ours", [])),
     Part("yolov5", "YOLOv5 v7.0 train.py", 60, check_runs.yolov5),
@@ -92,12 +92,12 @@ PARTS = [
     Part("loader", "the loader alone (device path, DevicePrefetcher)", 30, check_runs.loader),
     Part("decode_order", "decode-order reproduction", 25, check_runs.decode_order),
     Part("memory", "memory: the default row's per-epoch mem", 1, check_runs.memory),
-    Part("default_job", "the default job: python train.py --device 0", 50, check_runs.default_job),
+    Part("default_job", "the default job: python train.py --device 0", 40, check_runs.default_job),
     Part("cudnn_on", "ours: cuDNN autotuned (--cudnn-benchmark on)", 65,
          _train_row("cudnn_on", ["--cudnn-benchmark", "on"]), optional=True),
     Part("workers", "ours: images made on the loader workers (--augment-on workers)", 40,
          _train_row("workers", ["--augment-on", "workers"])),
-    Part("cuda_tests", "the CUDA tests: python -m pytest -m cuda", 44, check_runs.cuda_tests),
+    Part("cuda_tests", "the CUDA tests: python -m pytest -m cuda", 39, check_runs.cuda_tests),
 ]  # fmt: skip
 DEFAULT_PARTS = [part.key for part in PARTS if not part.optional]
 FULL = dict(cfg="yolov5s.yaml", imgsz=640, batch=64, workers=8, epochs=4, images=2000, device="0")
@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     opt = parse_opt(argv)
     work = (opt.dir or Path(tempfile.mkdtemp(prefix="gpu_check_"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    if not opt.cpu_smoke:  # the check's own kernel cache: cold at its start, made by the first step for the rest
-        os.environ["DDP_UTILS_KERNEL_CACHE"] = str(work / "kernels")
+    os.environ["DDP_UTILS_KERNEL_CACHE"] = str(work / "kernels")  # the check's own: cold, made by the first step
     rows: list[Row] = []
     try:
         run_parts(opt, work, rows)

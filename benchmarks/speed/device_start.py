@@ -57,6 +57,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, help="a data yaml to train on instead of the sets (the GPU check's)")
     parser.add_argument("--cfg", default="yolov5n.yaml")
     parser.add_argument("--warm-cache", type=Path, help="the kernel cache the warm runs use (default: a new one)")
+    parser.add_argument("--prime-mixup", action="store_true", help="compile the mixups' kernel too, for later use")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--imgsz", type=int, default=160)
     parser.add_argument("--batch", type=int, default=16)
@@ -150,15 +151,16 @@ def train_command(opt: argparse.Namespace, yaml: Path, project: Path, mode: str)
             "--exist-ok", "--progress", "plain"]  # fmt: skip
 
 
-def prime(cache: Path, device: str, timeout: float) -> dict:
-    """Compile a run's kernels into ``cache`` (for the warm runs), in a process of its own: its figures."""
+def prime(cache: Path, device: str, timeout: float, kernels: list[str] = KERNELS) -> dict:
+    """Compile ``kernels`` (default: a run's) into ``cache`` (for the warm runs), in a process of its own: its
+    figures."""
     code = f"""
 import json, time
 from pathlib import Path
 from ddp_utils.data.device.compiled import CompiledKernels
 start = time.monotonic()
 kernels = CompiledKernels({torch_device(device)!r}, Path({str(cache)!r}))
-ok = kernels.wait({KERNELS!r}, {timeout})
+ok = kernels.wait({kernels!r}, {timeout})
 print("PRIME " + json.dumps(dict(ok=ok, seconds=time.monotonic() - start, state=kernels.state())))
 """
     env = with_pythonpath()
@@ -174,11 +176,11 @@ def torch_device(device: str) -> str:
     return device if device == "cpu" or device.startswith("cuda") else f"cuda:{int(device)}"
 
 
-def runs(opt: argparse.Namespace, work: Path) -> list[dict]:
-    """The ``runs`` part: every set and mode, in order."""
+def runs(opt: argparse.Namespace, work: Path, primed: dict) -> list[dict]:
+    """The ``runs`` part: every set and mode, in order (``primed``: the warm cache's compile, when done before)."""
     yamls = {"data": opt.data} if opt.data else make_sets(work, opt.sets, opt.sides)
     warm = opt.warm_cache or work / "kernels-warm"
-    results, primed = [], {}
+    results = [dict(images=0, mode="compile", **primed)] if primed else []
     for n, yaml in yamls.items():
         for mode in opt.modes:
             env = with_pythonpath(dict(os.environ, DDP_UTILS_PROGRESS_SECONDS="0"))
@@ -187,7 +189,7 @@ def runs(opt: argparse.Namespace, work: Path) -> list[dict]:
                 cache = warm if mode == "device-warm" else Path(tempfile.mkdtemp(prefix=f"kernels-{mode}-", dir=work))
                 env["DDP_UTILS_KERNEL_CACHE"] = str(cache)
                 if mode == "device-warm" and not primed:  # the time to the compiled kernels, cold: made here
-                    primed.update(prime(warm, opt.device, opt.timeout))
+                    primed.update(prime(warm, opt.device, opt.timeout, KERNELS + ["render_mixup_cl"] * opt.prime_mixup))
                     results.append(dict(images=n, mode="compile", **primed))
                 if mode == "device-nocxx":
                     env["CXX"] = "/bin/false"
@@ -273,9 +275,13 @@ def main(argv: list[str] | None = None) -> dict:
     opt = parse_opt(argv)
     work = (opt.dir or Path(tempfile.mkdtemp(prefix="device_start_"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    primed = {}
+    if opt.load and "runs" in opt.parts and "device-warm" in opt.modes:  # the compile at the lowest priority would
+        warm = opt.warm_cache or work / "kernels-warm"  # wait for the load's processes: made before they start
+        primed = prime(warm, opt.device, opt.timeout, KERNELS + ["render_mixup_cl"] * opt.prime_mixup)
     loads = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opt.load)]
     try:
-        results = runs(opt, work) if "runs" in opt.parts else []
+        results = runs(opt, work, primed) if "runs" in opt.parts else []
         compiled = compile_times(opt, work) if "compile" in opt.parts else {}
     finally:
         for process in loads:

@@ -126,14 +126,18 @@ class CompiledKernels:
             time.sleep(0.05)
 
     def state(self) -> dict[str, str]:
-        """Each kernel asked for: ``loaded``, ``compiling`` or ``failed: why``."""
+        """Each kernel asked for: ``loaded``, ``compiling``, ``to compile`` (from the run's second batch) or
+        ``failed: why``."""
         with self._lock:
             self._poll()
-            return {
-                name: "loaded" if name in self._loaded else f"failed: {self._failed[name]}" if name in self._failed
-                else "compiling"
-                for name in self._asked
-            }  # fmt: skip
+            return {name: self._state(name) for name in self._asked}
+
+    def _state(self, name: str) -> str:
+        if name in self._loaded:
+            return "loaded"
+        if name in self._failed:
+            return f"failed: {self._failed[name]}"
+        return "to compile" if name in self._pending else "compiling"
 
     def close(self) -> None:
         """Stop any compile now, with its children (nothing is waited for), and remove a private folder."""
