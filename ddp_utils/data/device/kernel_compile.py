@@ -53,9 +53,12 @@ INDUCTOR_CONFIGS = {
     "cpp.enable_kernel_profile": True,  # on the CPU: each kernel a torch.profiler event, by name (render_ops.py)
     # one loop nest, nothing stored between its parts: Inductor stores a value as soon as it has read more than a
     # few inputs (the taps' gathers, the tables), which cost the render 16 float and int64 buffers the size of the
-    # batch (42x its uint8 output, where the floor is 12x); the coordinates of each layer stay stored (their reads)
+    # batch (42x its uint8 output, where the floor is 12x). The values it still stores (a layer's coordinates: their
+    # reads) stay in registers where every node shares one loop: the pixels as one flat dimension (kernels.py) and
+    # no cap on the nodes fused into one (at 64, the mixups' kernel was three loops with 15 planes between them)
     "realize_acc_reads_threshold": 1000,
     "realize_cpu_acc_reads_threshold": 1000,
+    "max_fusion_size": 1000,
 }
 
 

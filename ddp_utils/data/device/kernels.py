@@ -151,9 +151,14 @@ def render_rows(
         ``[n, 3, h, w]``.
     """
     n, h, w = ints.shape[0], ys.shape[1], xs.shape[1]
-    row = [floats[:, k].view(n, 1, 1) for k in range(ROW_FLOATS)]
-    ys = torch.where(row[FLIP_UD] > 0, ys[1].view(1, h, 1), ys[0].view(1, h, 1))  # a flip: where a pixel reads from
-    xs = torch.where(row[FLIP_LR] > 0, xs[1].view(1, 1, w), xs[0].view(1, 1, w))
+    row = [floats[:, k].view(n, 1) for k in range(ROW_FLOATS)]
+    # the pixels as one flat dimension, each reading its row and column by index: every value of the kernel then
+    # has the output's shape [n, h w], and Inductor makes it one loop that keeps them all in registers (by [n, h, w]
+    # coordinates, a row's and column's own loops, it stores the warp's two coordinate planes between two loops)
+    pixel = torch.arange(h * w, device=ints.device)
+    line, column = (pixel // w).view(1, -1), (pixel % w).view(1, -1)
+    ys = torch.where(row[FLIP_UD] > 0, ys[1][line], ys[0][line])  # a flip: where a pixel reads from
+    xs = torch.where(row[FLIP_LR] > 0, xs[1][column], xs[0][column])
     rgb = _layer(tiles, ints, row, 0, ys, xs)
     if layers == 2:  # mixup's float32 blend, truncated to uint8
         second = _layer(tiles, ints, row, 1, ys, xs)
@@ -161,11 +166,11 @@ def render_rows(
     jittered = _hsv_round_trip(rgb, [row[GAINS + k] for k in range(3)], tables)
     rgb = [torch.where(row[HAS_GAINS] > 0, j, c) for j, c in zip(jittered, rgb)]
     if not to_float:
-        return torch.stack(rgb, 1).to(torch.uint8)
+        return torch.stack(rgb, 1).to(torch.uint8).view(n, 3, h, w)
     rgb = [levels[c.long()] for c in rgb]  # each channel's float, looked up where it is made
     if channels_last:
-        return torch.stack(rgb, -1).permute(0, 3, 1, 2)
-    return torch.stack(rgb, 1)
+        return torch.stack(rgb, -1).view(n, h, w, 3).permute(0, 3, 1, 2)
+    return torch.stack(rgb, 1).view(n, 3, h, w)
 
 
 def float_levels(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -195,7 +200,7 @@ def _layer(tiles, ints, row, layer, ys, xs) -> list[torch.Tensor]:
     right_of = [left + i >= xc for i in (0, 1)]  # each tap column's side of the centre, each row's
     below = [top + j >= yc for j in (0, 1)]
     left, top = left.long(), top.long()
-    first = torch.arange(n, device=ints.device).view(n, 1, 1) * ints.shape[1] + layer * LAYER_INTS
+    first = torch.arange(n, device=ints.device).view(n, 1) * ints.shape[1] + layer * LAYER_INTS
     flat = ints.view(-1)
     taps = {}
     for i, j, weight in ((0, 0, (1 - fx) * (1 - fy)), (1, 0, fx * (1 - fy)), (0, 1, (1 - fx) * fy), (1, 1, fx * fy)):
