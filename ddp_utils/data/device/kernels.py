@@ -76,16 +76,17 @@ def resize_tiles(sources: torch.Tensor, table: torch.Tensor, span: torch.Tensor)
             serves every size: see :func:`coordinates`).
     """
     n, side = table.shape[0], span.shape[0]
-    start, cs, ys, xs, h0, w0, h, w = (table[:, k].view(n, 1, 1, 1) for k in range(TILE_COLUMNS))
-    dst_y = torch.minimum(span.view(1, 1, side, 1), h - 1)
-    dst_x = torch.minimum(span.view(1, 1, 1, side), w - 1)
-    channel = torch.arange(3, device=table.device).view(1, 3, 1, 1)
+    start, cs, ys, xs, h0, w0, h, w = (table[:, k].view(n, 1, 1) for k in range(TILE_COLUMNS))
+    pixel = torch.arange(side * side, device=table.device)  # the square's pixels as one dimension (render_rows)
+    dst_y = torch.minimum(span[pixel // side].view(1, 1, -1), h - 1)
+    dst_x = torch.minimum(span[pixel % side].view(1, 1, -1), w - 1)
+    channel = torch.arange(3, device=table.device).view(1, 3, 1)
     y0, y1, wy = _taps(dst_y, h0, h)
     x0, x1, wx = _taps(dst_x, w0, w)
     row0, row1 = start + channel * cs + y0 * ys, start + channel * cs + y1 * ys
     top = sources[row0 + x0 * xs].float() * (1 - wx) + sources[row0 + x1 * xs].float() * wx
     bottom = sources[row1 + x0 * xs].float() * (1 - wx) + sources[row1 + x1 * xs].float() * wx
-    return (top * (1 - wy) + bottom * wy).round().clamp(0, 255).to(torch.uint8)
+    return (top * (1 - wy) + bottom * wy).round().clamp(0, 255).to(torch.uint8).view(n, 3, side, side)
 
 
 def coordinates(size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

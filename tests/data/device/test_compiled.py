@@ -99,6 +99,29 @@ def test_where_the_switch_to_the_compiled_kernels_falls_changes_no_batch(root, c
     assert len(seen) == len(loader) > switch_at
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(COMPILE_S + 600)
+def test_each_compiled_kernel_allocates_its_output_and_nothing_else(compiled):
+    # one loop per kernel, nothing stored between its parts (kernel_compile.INDUCTOR_CONFIGS): what a kernel allocates
+    # is its output, counted by the profiler as render_ops.py counts a batch
+    from torch.profiler import ProfilerActivity, profile
+
+    compiled.calls = {}
+    try:
+        compiled(warm_up_batch(64, 96), channels_last=True)
+        compiled(warm_up_batch(64, 96), channels_last=False)
+        calls = dict(compiled.calls)
+    finally:
+        compiled.calls = None
+    assert set(calls) == set(KERNEL_NAMES)
+    for name, inputs in calls.items():
+        kernel = compiled.kernels.ready(name)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = kernel(*inputs)
+        allocated = sum(max(event.cpu_memory_usage, 0) for event in prof.events() if event.name == "[memory]")
+        assert allocated == out.untyped_storage().nbytes(), (name, allocated, out.untyped_storage().nbytes())
+
+
 class SwitchingAt:
     """Compiled kernels that are ready only once ``now()`` says so: where a compile's end falls in a run."""
 
