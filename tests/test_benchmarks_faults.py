@@ -97,6 +97,21 @@ def test_the_save_faults_follow_rank_0s_saves_not_the_hosts_speed(tmp_path):
         checkpoint_files.write_serialised = hook.original
 
 
+def test_the_workers_exit_is_the_root_causes_whatever_torchrun_lists_above_it():
+    # torchrun's ChildFailedError report: the ranks it stopped after the first failure under "Failures:", then the
+    # root cause; a rank that had already ended is not listed ("<NO_OTHER_FAILURES>")
+    faults = faults_module()
+
+    def report(others: list[str]) -> list[str]:
+        return ["train.py FAILED", "Failures:", *others, "Root Cause (first observed failure):", "[0]:",
+                "  rank      : 0 (local_rank: 0)", "  exitcode  : 74 (pid: 12)", "  error_file: <N/A>"]  # fmt: skip
+
+    stopped = ["[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 13)"]
+    assert faults.root_cause_exit(report(stopped)) == 74
+    assert faults.root_cause_exit(report(["  <NO_OTHER_FAILURES>"])) == 74
+    assert faults.root_cause_exit(["no report: every rank ended 0"]) is None
+
+
 def test_an_incomplete_table_fails_the_benchmarks_own_check():
     faults = faults_module()
     assert faults.not_whole([{"fault": "nan", "finished": True}]) == ""
@@ -139,17 +154,23 @@ def test_a_truncation_whose_moment_never_comes_is_reported_not_injected_and_fail
     assert done.stderr.strip().endswith(f"the table is not whole: truncated not injected ({why})"), done.stderr
 
 
+def full_disk_row(fault: str, tmp_path: Path) -> dict:
+    """The fault table's row for ``fault`` (a full disk), 2 epochs, run in ``tmp_path`` (root: it mounts a tmpfs)."""
+    if os.geteuid() != 0:
+        pytest.skip("the row mounts a tmpfs to fill up: needs root")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(FAULTS), "--faults", fault, "--epochs", "2", "--dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=880)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "faults.json").read_text())
+    return row
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_a_full_disk_at_the_last_epoch_exits_74_naming_the_checkpoint_on_disk_and_the_resume_finishes(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("the row mounts a tmpfs to fill up: needs root")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(FAULTS), "--faults", "enospc-final", "--epochs", "2", "--dir", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=880)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (row,) = json.loads((tmp_path / "faults.json").read_text())
+    row = full_disk_row("enospc-final", tmp_path)
     assert row["injected"].startswith("fault_inject: filled the disk") and "before the final save" in row["injected"]
     assert row["worker_exit"] == 74 and row["first_exit"] != 0, row
     last = tmp_path / "runs" / "tmpfs-enospc-final" / "enospc-final" / "weights" / "last.pt"
@@ -164,13 +185,7 @@ def test_a_full_disk_at_the_last_epoch_exits_74_naming_the_checkpoint_on_disk_an
 def test_a_full_disk_in_epoch_1_is_one_warning_and_the_job_ends_as_the_uninterrupted_one(tmp_path):
     # the disk full from rank 0's first step, before any save, while train_batch0-2.jpg are drawn: a plot ended the
     # run with a traceback; the plots and rows are optional, and the disk is freed once the first save after it failed
-    if os.geteuid() != 0:
-        pytest.skip("the row mounts a tmpfs to fill up: needs root")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(FAULTS), "--faults", "enospc-epoch-1", "--epochs", "2", "--dir", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=880)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (row,) = json.loads((tmp_path / "faults.json").read_text())
+    row = full_disk_row("enospc-epoch-1", tmp_path)
     assert row["injected"].startswith("fault_inject: filled the disk") and row["injected"].endswith("training step 0")
     assert row["line"].startswith("could not write "), row  # the line as the table cuts it: the job's log has it whole
     log = (tmp_path / "logs" / "job01.log").read_text()  # job00: the uninterrupted one

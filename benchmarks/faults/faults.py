@@ -364,12 +364,19 @@ def fault_enospc(s: Setup, out: Path, name: str) -> dict:
         plots = [f"train_batch{i}.jpg" for i in range(3)]
         record["plots_missing"] = [plot for plot in plots if not (out / name / plot).exists()]
     if final:
-        worker = next((m for _, line in job.lines if (m := EXITCODE.search(line))), None)
+        worker = root_cause_exit([line for _, line in job.lines])
         said = job.first(USER_LINE[name])
         said_at = USER_LINE[name].search(said[1]) if said else None  # the line from its words, whatever prefix
         last_line = said[1][said_at.start() :].strip() if said_at else ""
-        record.update(first_exit=job.returncode, worker_exit=int(worker[1]) if worker else None, last_line=last_line)
+        record.update(first_exit=job.returncode, worker_exit=worker, last_line=last_line)
     return record
+
+
+def root_cause_exit(lines: list[str]) -> int | None:
+    """The exit code torchrun's report gives its root cause (the first worker that failed): the ranks it stopped
+    after it are listed above it, each with its own exit (-15), when they were still running."""
+    start = next((k for k, line in enumerate(lines) if "Root Cause" in line), 0)
+    return next((int(m[1]) for line in lines[start:] if (m := EXITCODE.search(line))), None)
 
 
 def noop(line: str, proc: subprocess.Popen) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import re
@@ -20,6 +19,7 @@ from ddp_utils.data import image_cache, images
 from ddp_utils.data.image_cache import DiskImageCache, SharedImageCache, normalize_cache
 from ddp_utils.data.images import load_image, resized_shape
 from ddp_utils.data.loader import create_dataloader
+from tests.data.conftest import WarningLines
 from tests.data.test_decoder_text import DECODER_KINDS, UNDECODABLE, write_decoder_kinds
 from tests.data.test_headers import EXTRANEOUS, write_jpeg_kinds
 from tests.multiproc import REPO_ROOT, describe, launch, records
@@ -170,27 +170,8 @@ def test_sound_images_of_other_formats_decode_silently_as_opencv_does(tmp_path, 
     assert capfd.readouterr().err == "" and not said and not images.image_noted(str(path))
 
 
-class _Lines(logging.Handler):
-    """The ddp_utils logger's warnings, one string each (caplog may see a record twice)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def said():
-    handler = _Lines()
-    images.LOGGER.addHandler(handler)
-    yield handler.lines
-    images.LOGGER.removeHandler(handler)
-
-
 def _notes_in_child(before_fork: str, after_fork: str, new: str, parent_noted, results) -> None:
-    handler = _Lines()
+    handler = WarningLines()
     images.LOGGER.addHandler(handler)
     images.note_bad_image(new, "first met here")
     images.note_bad_image(new, "met again")

@@ -10,7 +10,6 @@ CPU path's pixels.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import cv2
@@ -23,7 +22,6 @@ from ddp_utils.data.device.recipes import Recipe, RecipeBatch, RecipeCollate, im
 from ddp_utils.data.images import note_bad_image
 from ddp_utils.data.labels import find_images, load_labels
 from ddp_utils.data.synthetic import make_shapes_dataset
-from ddp_utils.log import LOGGER
 from tests.data.test_headers import write_jpeg_kinds
 from tests.workers.data_scenarios import AUGMENT_HYPS, HYP
 
@@ -102,23 +100,6 @@ def test_other_formats_rotated_jpegs_and_cached_images_travel_as_the_cpu_paths_p
             np.testing.assert_array_equal(source, dataset.load_image(i)[0])
     cached = YoloDataset(label_set, 64, 4, augment=True, hyp=HYP, cache="ram")
     np.testing.assert_array_equal(image_source(cached, 3), cached.load_image(3)[0])
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture
-def said():
-    handler = _Lines()
-    LOGGER.addHandler(handler)
-    yield handler.lines
-    LOGGER.removeHandler(handler)
 
 
 def test_jpegs_a_batched_device_decode_does_not_take_travel_as_pixels_named_once(tmp_path, capfd, said):
