@@ -8,9 +8,11 @@ the worker left a message in its *error file*: the JSON file that torchrun names
 ``torch.distributed.elastic.multiprocessing.errors.record``).
 
 :func:`exit_usage_error` does both: it writes the message to this worker's error file (every
-rank, so whichever rank torchrun sees fail first is named with the cause), prints it on the first
-process of each node only (one line per node's console; one line in all on a single machine), and
-exits with :data:`USAGE_EXIT_CODE` (2, as argparse). A single process prints it and exits 2.
+rank, so whichever rank torchrun sees fail first is named with the cause; a follower's dated at its
+exit after the grace, so that the root cause is a node's first process, with its own exit code, not
+a follower that torchrun stopped), prints it on the first process of each node only (one line per
+node's console; one line in all on a single machine), and exits with :data:`USAGE_EXIT_CODE` (2, as
+argparse) or the caller's code. A single process prints it and exits 2.
 What the user's shell gets under torchrun is torchrun's own exit code, 1, whatever the workers' codes;
 its report shows the worker's ``exitcode: 2`` and the message.
 """
@@ -36,7 +38,9 @@ FOLLOWER_EXIT_GRACE_S = 5.0
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torchrun for each worker
 
 
-def record_error_for_launcher(message: str, environ: dict[str, str] | None = None) -> Path | None:
+def record_error_for_launcher(
+    message: str, environ: dict[str, str] | None = None, at: float | None = None
+) -> Path | None:
     """Write ``message`` to this worker's torchrun error file, so torchrun's failure report names it.
 
     The file holds what torch's ``record`` writes for an exception, minus the traceback:
@@ -46,6 +50,8 @@ def record_error_for_launcher(message: str, environ: dict[str, str] | None = Non
     Args:
         message: the one-line cause.
         environ: the environment to read ``TORCHELASTIC_ERROR_FILE`` from (default ``os.environ``).
+        at: the failure's time (seconds since the epoch; default now). torchrun names the failure with the earliest
+            time its "Root Cause", whatever the order the workers ended in.
 
     Returns:
         The file written, or None outside torchrun (no such variable) or when it cannot be written.
@@ -64,7 +70,7 @@ def record_error_for_launcher(message: str, environ: dict[str, str] | None = Non
     target = environ.get(ERROR_FILE_ENV)
     if not target:
         return None
-    data = {"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}}
+    data = {"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time() if at is None else at))}}}
     try:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(json.dumps(data), encoding="utf-8")
@@ -92,11 +98,14 @@ def exit_usage_error(message: str, code: int = USAGE_EXIT_CODE) -> NoReturn:
         ...     exc.code
         2
     """
-    record_error_for_launcher(message)
     try:
         first_of_node = dist_info().is_local_main
     except DistEnvError:  # the launcher's variables are what is wrong: say it here
         first_of_node = True
+    # a follower's failure dated at its exit, after the grace: torchrun's "Root Cause" is then the process that says
+    # the line and exits now, with its own code (dated now, a follower that wrote its file a moment before the first
+    # process did was named, with the -15 of the SIGTERM that ended its grace)
+    record_error_for_launcher(message, at=time.time() + (0.0 if first_of_node else FOLLOWER_EXIT_GRACE_S))
     if first_of_node:  # the same mistake on every rank: say it once per node's console
         LOGGER.error(message)
         for handler in LOGGER.handlers:
