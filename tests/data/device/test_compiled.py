@@ -275,15 +275,16 @@ def test_a_compile_never_outlives_its_process_nor_holds_its_end(tmp_path):
     # processes) goes with it; and a process killed outright takes its compile along too (its stdin closes)
     for how in ("exits", "killed"):
         cache = tmp_path / how
-        code = ENDS_WITH_A_COMPILE + ("" if how == "exits" else "time.sleep(600)\n")
-        process = subprocess.Popen([sys.executable, "-c", code, str(cache)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        # the process holds until the test has seen its compile (a line on its stdin; an exit at once raced the look)
+        code = ENDS_WITH_A_COMPILE + ("sys.stdin.readline()\n" if how == "exits" else "time.sleep(600)\n")
+        process = subprocess.Popen([sys.executable, "-c", code, str(cache)], cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         assert process.stdout.readline() == "compiling\n", process.stderr.read()
         assert compiles_into(cache)
         start = time.monotonic()
         if how == "killed":
             process.kill()
-        _, err = process.communicate(timeout=60)
+        _, err = process.communicate("end\n" if how == "exits" else None, timeout=60)
         ended = time.monotonic() - start
         deadline = time.monotonic() + 30
         while compiles_into(cache) and time.monotonic() < deadline:
