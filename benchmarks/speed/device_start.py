@@ -171,6 +171,16 @@ print("PRIME " + json.dumps(dict(ok=ok, seconds=time.monotonic() - start, state=
     return json.loads(found[0][6:])
 
 
+def warm_cache(opt: argparse.Namespace, work: Path) -> Path:
+    """The kernel cache the warm runs use."""
+    return opt.warm_cache or work / "kernels-warm"
+
+
+def prime_warm(opt: argparse.Namespace, work: Path) -> dict:
+    """The warm runs' kernels compiled into their cache (the mixups' too with ``--prime-mixup``): its figures."""
+    return prime(warm_cache(opt, work), opt.device, opt.timeout, KERNELS + ["render_mixup_cl"] * opt.prime_mixup)
+
+
 def torch_device(device: str) -> str:
     """train.py's ``--device`` (``cpu``, ``0``) as torch names it."""
     return device if device == "cpu" or device.startswith("cuda") else f"cuda:{int(device)}"
@@ -179,7 +189,7 @@ def torch_device(device: str) -> str:
 def runs(opt: argparse.Namespace, work: Path, primed: dict) -> list[dict]:
     """The ``runs`` part: every set and mode, in order (``primed``: the warm cache's compile, when done before)."""
     yamls = {"data": opt.data} if opt.data else make_sets(work, opt.sets, opt.sides)
-    warm = opt.warm_cache or work / "kernels-warm"
+    warm = warm_cache(opt, work)
     results = [dict(images=0, mode="compile", **primed)] if primed else []
     for n, yaml in yamls.items():
         for mode in opt.modes:
@@ -189,7 +199,7 @@ def runs(opt: argparse.Namespace, work: Path, primed: dict) -> list[dict]:
                 cache = warm if mode == "device-warm" else Path(tempfile.mkdtemp(prefix=f"kernels-{mode}-", dir=work))
                 env["DDP_UTILS_KERNEL_CACHE"] = str(cache)
                 if mode == "device-warm" and not primed:  # the time to the compiled kernels, cold: made here
-                    primed.update(prime(warm, opt.device, opt.timeout, KERNELS + ["render_mixup_cl"] * opt.prime_mixup))
+                    primed.update(prime_warm(opt, work))
                     results.append(dict(images=n, mode="compile", **primed))
                 if mode == "device-nocxx":
                     env["CXX"] = "/bin/false"
@@ -277,8 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     primed = {}
     if opt.load and "runs" in opt.parts and "device-warm" in opt.modes:  # the compile at the lowest priority would
-        warm = opt.warm_cache or work / "kernels-warm"  # wait for the load's processes: made before they start
-        primed = prime(warm, opt.device, opt.timeout, KERNELS + ["render_mixup_cl"] * opt.prime_mixup)
+        primed = prime_warm(opt, work)  # wait for the load's processes: made before they start
     loads = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opt.load)]
     try:
         results = runs(opt, work, primed) if "runs" in opt.parts else []
