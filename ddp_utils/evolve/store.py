@@ -333,12 +333,21 @@ def claim(study: optuna.Study, storage: RDBStorage, launch: str, restarted: bool
         optuna.storages.fail_stale_trials(study)
     for frozen in sorted(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda t: t.number):
         storage.record_heartbeat(trial_id(frozen))  # fresh before it runs: no worker takes it for a lost one
-        if storage.set_trial_state_values(trial_id(frozen), state=TrialState.RUNNING):  # atomic: one worker wins
+        if _start(storage, frozen):
             trial = optuna.Trial(study, trial_id(frozen))
             trial.set_user_attr("launch", launch)
             trial.set_user_attr("host", socket.gethostname())
             return trial
     return None
+
+
+def _start(storage: RDBStorage, frozen: FrozenTrial) -> bool:
+    """Mark a waiting trial running; False when another worker took it first, or took it and finished it since
+    this worker read the queue (Optuna raises for a finished trial where it returns False for a running one)."""
+    try:
+        return storage.set_trial_state_values(trial_id(frozen), state=TrialState.RUNNING)  # atomic: one worker wins
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
 
 
 def take_back(study: optuna.Study, storage: RDBStorage, launch: str) -> optuna.Trial | None:
@@ -352,9 +361,7 @@ def take_back(study: optuna.Study, storage: RDBStorage, launch: str) -> optuna.T
     for frozen in sorted(mine, key=lambda t: (t.state != TrialState.RUNNING, t.number)):
         storage.record_heartbeat(trial_id(frozen))  # first: no claim elsewhere takes it for a lost one now
         state = storage.get_trial(trial_id(frozen)).state
-        if state == TrialState.RUNNING or (
-            state == TrialState.WAITING and storage.set_trial_state_values(trial_id(frozen), state=TrialState.RUNNING)
-        ):
+        if state == TrialState.RUNNING or (state == TrialState.WAITING and _start(storage, frozen)):
             LOGGER.info(f"evolve: trial {frozen.number} was this job's before its restart: continuing it")
             return optuna.Trial(study, trial_id(frozen))
     return None

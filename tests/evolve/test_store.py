@@ -146,6 +146,30 @@ def test_an_unreachable_server_is_one_line_naming_the_url_with_its_password_mask
     assert "\n" not in message
 
 
+def test_a_trial_another_worker_took_and_finished_after_this_one_read_the_queue_is_passed_over(tmp_path):
+    """Worker a reads the queue (trials 0, 1 waiting); before it marks trial 0 running, worker b (its own connection)
+    claims trial 0 and finishes it. a takes trial 1: Optuna's refusal to update a finished trial is no crash (CI's
+    three SQLite workers met it once in a slow tier)."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage, study = study_for(url, "exp", 2)
+    other_storage, other_study = study_for(url, "exp", 2)
+    beat = storage.record_heartbeat
+
+    def beat_after_b_finished_it(trial_id):
+        if not other_study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+            taken = claim(other_study, other_storage, "b")
+            taken.suggest_float("lr0", 1e-5, 0.1)
+            other_study.tell(taken, 0.5)
+        beat(trial_id)
+
+    storage.record_heartbeat = beat_after_b_finished_it
+    mine = claim(study, storage, "a")
+    assert mine is not None and mine.number == 1
+    states = [t.state for t in study.get_trials()]
+    assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING]
+    assert claim(study, storage, "a") is None
+
+
 def test_a_restarted_job_takes_its_own_silent_trial_back_and_costs_no_retry(tmp_path):
     """Rank 0 froze: its trial's heartbeat stopped past the grace; the job's restart (same launch key) continues
     that trial, before its own claim (or anyone's) fails it for the silence: no failure, no retry, no new slot."""
